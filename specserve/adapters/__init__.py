@@ -1,0 +1,1 @@
+"""LoRA variants: validation, loading, LRU and per-version artifacts; may import engine and peft."""

@@ -1,0 +1,1 @@
+"""The engine: model loading, draft trees, verification, proposers and the decode loop."""

@@ -1,0 +1,190 @@
+"""The decode loop shared by every strategy: propose -> verify -> commit -> stream.
+
+All per-request state (tokens, KV cache, proposer and its pool, random generator, text stream)
+lives in `RequestState`, so a later batcher can step many requests in one forward.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from pydantic import BaseModel
+
+from specserve.engine import kv_cache
+from specserve.engine.forward import verify_forward
+from specserve.engine.ngram_pool import NGramPool
+from specserve.engine.proposers import REGISTRY, Proposer, ProposerContext
+from specserve.engine.sampling import SamplingParams, target_probs
+from specserve.engine.textstream import TextStream
+from specserve.engine.verify import greedy_accept, sample_accept
+
+
+@dataclass
+class RequestState:
+    """One request in flight. `tokens` = prompt + committed output; `pending` = committed tokens
+    not yet in the KV cache (the whole prompt before the first step, then the bonus token)."""
+
+    params: SamplingParams
+    strategy: str
+    proposer: Proposer
+    prompt_len: int
+    tokens: list[int]
+    pending: list[int]
+    cache: object
+    generator: torch.Generator
+    text: TextStream
+    eos_ids: frozenset[int]
+    forwards: int = 0
+    finish_reason: str | None = None
+    started_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    @property
+    def tau(self) -> float:
+        """Committed tokens per target forward."""
+        return len(self.output_ids) / self.forwards if self.forwards else 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    new_ids: list[int]  # committed this step
+    text: str  # text delta safe to stream
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    prompt_ids: list[int]
+    output_ids: list[int]
+    text: str
+    finish_reason: str
+    strategy: str
+    forwards: int
+    tau: float
+    seconds: float
+    ttft_seconds: float
+
+
+class Engine:
+    """Decodes requests on one loaded model; holds no per-request state itself."""
+
+    def __init__(self, model, tokenizer, eos_ids: frozenset[int]) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_ids = frozenset(eos_ids)
+
+    @classmethod
+    def from_loaded(cls, loaded) -> "Engine":
+        return cls(loaded.model, loaded.tokenizer, loaded.eos_token_ids)
+
+    def start(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        strategy: str = "ar",
+        config: BaseModel | dict | None = None,
+        pool: NGramPool | None = None,
+    ) -> RequestState:
+        params = params or SamplingParams()
+        if not prompt_ids:
+            raise ValueError("prompt: must not be empty")
+        cfg = REGISTRY.config(strategy, config)
+        seed = params.seed if params.seed is not None else int(torch.seed() % 2**31)
+        ctx = ProposerContext(list(prompt_ids), self.model.config.vocab_size, seed, pool)
+        generator = torch.Generator().manual_seed(seed)
+        return RequestState(
+            params=params,
+            strategy=strategy,
+            proposer=REGISTRY.get(strategy).build(cfg, ctx),
+            prompt_len=len(prompt_ids),
+            tokens=list(prompt_ids),
+            pending=list(prompt_ids),
+            cache=kv_cache.new_cache(self.model.config),
+            generator=generator,
+            text=TextStream(self.tokenizer, params.stop),
+            eos_ids=frozenset() if params.ignore_eos else self.eos_ids,
+        )
+
+    def step(self, state: RequestState) -> StepResult:
+        """One target forward: propose a draft, verify it, commit the accepted path + bonus."""
+        draft = state.proposer.propose(state.tokens)
+        past = kv_cache.cache_length(state.cache)
+        out = verify_forward(self.model, state.cache, past, state.pending, draft)
+        state.forwards += 1
+        if state.params.greedy:
+            targets = out.tree_logits.argmax(dim=-1).tolist()
+            accepted, bonus = greedy_accept(draft.tree, targets)
+        else:
+            probs = target_probs(out.tree_logits, state.params).cpu()
+            accepted, bonus = sample_accept(draft.tree, probs, state.generator)
+        kv_cache.keep_rows(state.cache, past + len(state.pending), accepted)
+        new_ids = self._commit(state, [draft.tree.tokens[i] for i in accepted] + [bonus])
+        state.proposer.observe(draft, out.aux_tokens, state.tokens)
+        return StepResult(new_ids, self._stream_text(state, new_ids))
+
+    def _commit(self, state: RequestState, new_ids: list[int]) -> list[int]:
+        """Append up to the first EOS / max_new_tokens; the last token becomes pending."""
+        room = state.params.max_new_tokens - len(state.output_ids)
+        new_ids = new_ids[:room]
+        eos_at = next((i for i, t in enumerate(new_ids) if t in state.eos_ids), None)
+        if eos_at is not None:
+            new_ids = new_ids[: eos_at + 1]
+            state.finish_reason = "stop"
+        elif len(new_ids) == room:
+            state.finish_reason = "length"
+        state.tokens.extend(new_ids)
+        state.pending = [new_ids[-1]]
+        if state.first_token_at is None:
+            state.first_token_at = time.perf_counter()
+        return new_ids
+
+    def _stream_text(self, state: RequestState, new_ids: list[int]) -> str:
+        text_ids = [t for t in new_ids if t not in state.eos_ids]
+        delta = state.text.push(text_ids)
+        if state.text.stopped:
+            state.finish_reason = "stop"
+        elif state.done:
+            delta += state.text.finish()
+        return delta
+
+    def stream(self, state: RequestState) -> Iterator[StepResult]:
+        while not state.done:
+            yield self.step(state)
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        strategy: str = "ar",
+        config: BaseModel | dict | None = None,
+        pool: NGramPool | None = None,
+    ) -> GenerationResult:
+        state = self.start(prompt_ids, params, strategy, config, pool)
+        for _ in self.stream(state):
+            pass
+        return self.result(state)
+
+    @staticmethod
+    def result(state: RequestState) -> GenerationResult:
+        end = time.perf_counter()
+        return GenerationResult(
+            prompt_ids=state.tokens[: state.prompt_len],
+            output_ids=state.output_ids,
+            text=state.text.text,
+            finish_reason=state.finish_reason or "length",
+            strategy=state.strategy,
+            forwards=state.forwards,
+            tau=state.tau,
+            seconds=end - state.started_at,
+            ttft_seconds=(state.first_token_at or end) - state.started_at,
+        )

@@ -1,0 +1,86 @@
+"""One forward of the unmodified target over [pending tokens | draft tree | aux branch].
+
+Public Hugging Face API only: `past_key_values`, `position_ids`, a 4D additive attention mask and
+`logits_to_keep`, so logits are computed just for the rows the verifier and proposer read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specserve.engine import kv_cache
+from specserve.engine.tree import Draft
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    tree_logits: torch.Tensor  # [n + 1, vocab]: root (last pending token), then each draft node
+    aux_tokens: list[int]  # target argmax at the aux branch's logit rows
+
+
+@dataclass(frozen=True)
+class ForwardInputs:
+    input_ids: torch.Tensor  # [1, q]
+    position_ids: torch.Tensor  # [1, q]
+    allowed: torch.Tensor  # [q, past + q] bool
+    logit_rows: torch.Tensor  # [r]
+
+
+def build_inputs(past: int, pending: list[int], draft: Draft) -> ForwardInputs:
+    """Lay out the query rows and what each may attend to.
+
+    Example: past 3, pending [a, b], tree [x] (child of root) and no aux: ids [a, b, x] at
+    positions [3, 4, 5]; x attends to the 3 cached positions, a, b and itself; logit rows [1, 2].
+    """
+    tree, aux = draft.tree, draft.aux
+    p, n, a = len(pending), len(tree), len(aux) if aux else 0
+    q = p + n + a
+    root_pos = past + p - 1
+    allowed = torch.zeros(q, past + q, dtype=torch.bool)
+    allowed[:, :past] = True
+    allowed[:, past : past + p] = _pending_block(p, q)
+    allowed[p : p + n, past + p : past + p + n] = tree.ancestor_mask()
+    positions = list(range(past, past + p)) + [root_pos + d for d in tree.depths]
+    rows = list(range(p - 1, p + n))
+    ids = list(pending) + list(tree.tokens)
+    if aux:
+        allowed[p + n :, past + p + n :] = aux.visible
+        positions += [root_pos + o for o in aux.offsets]
+        rows += [p + n + r for r in aux.logit_rows]
+        ids += list(aux.tokens)
+    return ForwardInputs(
+        input_ids=torch.tensor([ids], dtype=torch.long),
+        position_ids=torch.tensor([positions], dtype=torch.long),
+        allowed=allowed,
+        logit_rows=torch.tensor(rows, dtype=torch.long),
+    )
+
+
+def _pending_block(p: int, q: int) -> torch.Tensor:
+    """[q, p]: pending rows are causal among themselves; all later rows see every pending token."""
+    block = torch.ones(q, p, dtype=torch.bool)
+    block[:p] = torch.ones(p, p, dtype=torch.bool).tril()
+    return block
+
+
+@torch.inference_mode()
+def verify_forward(model, cache, past: int, pending: list[int], draft: Draft) -> ForwardOutput:
+    """Run the target once; the cache grows by len(pending) + len(tree) + len(aux) entries."""
+    inputs = build_inputs(past, pending, draft)
+    device = model.device
+    mask = torch.zeros(inputs.allowed.shape, dtype=model.dtype, device=device)
+    mask.masked_fill_(~inputs.allowed.to(device), torch.finfo(model.dtype).min)
+    out = model(
+        input_ids=inputs.input_ids.to(device),
+        position_ids=inputs.position_ids.to(device),
+        attention_mask=mask[None, None],  # [1, 1, q, past + q]
+        **kv_cache.cache_kwargs(model, cache),
+        use_cache=True,
+        logits_to_keep=inputs.logit_rows.to(device),
+    )
+    logits = out.logits[0]  # [r, vocab]
+    n = len(draft.tree)
+    aux_tokens = logits[n + 1 :].argmax(dim=-1).tolist() if draft.aux else []
+    return ForwardOutput(tree_logits=logits[: n + 1], aux_tokens=aux_tokens)

@@ -1,0 +1,83 @@
+"""A bounded n-gram pool: key tokens -> recent continuations, with LRU eviction.
+
+Its own object so requests of one variant, and later replicas through Redis, can share it.
+Thread-safe; `merge` folds another pool in as if its entries had been added.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+Key = tuple[int, ...]
+Continuation = tuple[int, ...]
+
+
+class NGramPool:
+    """Maps a key (the last `key_len` tokens) to at most `max_per_key` continuations.
+
+    Example: pool.add((5,), (6, 7)); pool.add((5,), (8, 9)); pool.get((5,), 2) -> [(8, 9), (6, 7)]
+    (most recent first). Beyond `max_keys` keys, the least recently used key is evicted.
+    """
+
+    def __init__(self, max_keys: int = 65536, max_per_key: int = 8) -> None:
+        if max_keys < 1 or max_per_key < 1:
+            raise ValueError("max_keys and max_per_key must be at least 1")
+        self.max_keys = max_keys
+        self.max_per_key = max_per_key
+        self._entries: OrderedDict[Key, OrderedDict[Continuation, None]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._entries.values())
+
+    @property
+    def num_keys(self) -> int:
+        return len(self._entries)
+
+    def add(self, key: Sequence[int], continuation: Sequence[int]) -> None:
+        with self._lock:
+            self._add(tuple(key), tuple(continuation))
+
+    def _add(self, key: Key, continuation: Continuation) -> None:
+        conts = self._entries.get(key)
+        if conts is None:
+            conts = self._entries[key] = OrderedDict()
+            if len(self._entries) > self.max_keys:
+                self._entries.popitem(last=False)
+        else:
+            self._entries.move_to_end(key)
+        conts[continuation] = None
+        conts.move_to_end(continuation)
+        if len(conts) > self.max_per_key:
+            conts.popitem(last=False)
+
+    def add_ngrams(self, tokens: Sequence[int], key_len: int, cont_len: int, start: int = 0) -> None:
+        """Add every n-gram of `tokens` (n = key_len + cont_len) that starts at or after `start`."""
+        n = key_len + cont_len
+        with self._lock:
+            for i in range(max(start, 0), len(tokens) - n + 1):
+                gram = tuple(tokens[i : i + n])
+                self._add(gram[:key_len], gram[key_len:])
+
+    def get(self, key: Sequence[int], limit: int) -> list[Continuation]:
+        """Up to `limit` continuations for `key`, most recently added first."""
+        with self._lock:
+            conts = self._entries.get(tuple(key))
+            if not conts:
+                return []
+            self._entries.move_to_end(tuple(key))
+            return list(reversed(conts))[:limit]
+
+    def items(self) -> list[tuple[Key, list[Continuation]]]:
+        """A snapshot, least recently used key first, oldest continuation first."""
+        with self._lock:
+            return [(k, list(v)) for k, v in self._entries.items()]
+
+    def merge(self, other: "NGramPool" | Iterable[tuple[Key, list[Continuation]]]) -> None:
+        entries = other.items() if isinstance(other, NGramPool) else other
+        with self._lock:
+            for key, conts in entries:
+                for cont in conts:
+                    self._add(tuple(key), tuple(cont))

@@ -1,0 +1,6 @@
+"""Proposers: each turns request state into a `Draft`; importing this package registers them."""
+
+from specserve.engine.proposers import ar, lookahead, prompt_lookup  # noqa: F401
+from specserve.engine.proposers.base import REGISTRY, Proposer, ProposerContext, Strategy
+
+__all__ = ["REGISTRY", "Proposer", "ProposerContext", "Strategy"]

@@ -1,0 +1,83 @@
+"""The proposer contract and the strategy registry.
+
+A proposer holds one request's drafting state; it only proposes a `Draft` and observes what the
+verifier committed. Strategies are looked up by name; unknown names list the valid ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from pydantic import BaseModel, ValidationError
+
+from specserve.engine.ngram_pool import NGramPool
+from specserve.engine.tree import Draft
+
+
+@dataclass
+class ProposerContext:
+    """What a proposer may know about its request when it is built."""
+
+    prompt_ids: list[int]
+    vocab_size: int
+    seed: int = 0
+    pool: NGramPool | None = None  # shared n-gram pool (per variant@version), if any
+    extras: dict = field(default_factory=dict)
+
+
+class Proposer(Protocol):
+    def propose(self, tokens: list[int]) -> Draft:
+        """Draft continuations of `tokens` (prompt + committed output; its last is the root)."""
+
+    def observe(self, draft: Draft, aux_tokens: list[int], tokens: list[int]) -> None:
+        """Learn from the step: the aux branch's argmax and the tokens now committed."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    config_type: type[BaseModel]
+    build: Callable[[BaseModel, ProposerContext], Proposer]
+    summary: str = ""
+
+
+class UnknownStrategyError(ValueError):
+    pass
+
+
+class StrategyRegistry:
+    """Name -> Strategy. One instance (`REGISTRY`) holds the built-in strategies."""
+
+    def __init__(self) -> None:
+        self._strategies: dict[str, Strategy] = {}
+
+    def register(self, strategy: Strategy) -> Strategy:
+        if strategy.name in self._strategies:
+            raise ValueError(f"strategy {strategy.name!r} is already registered")
+        self._strategies[strategy.name] = strategy
+        return strategy
+
+    def names(self) -> list[str]:
+        return sorted(self._strategies)
+
+    def get(self, name: str) -> Strategy:
+        try:
+            return self._strategies[name]
+        except KeyError:
+            raise UnknownStrategyError(
+                f"strategy: unknown strategy {name!r}; valid strategies: {', '.join(self.names())}"
+            ) from None
+
+    def config(self, name: str, config: BaseModel | dict | None = None) -> BaseModel:
+        """Validate a config for strategy `name` (unknown fields fail, naming them)."""
+        strategy = self.get(name)
+        if isinstance(config, strategy.config_type):
+            return config
+        try:
+            return strategy.config_type.model_validate(config or {})
+        except ValidationError as err:
+            raise ValueError(f"strategy {name!r} config: {err}") from None
+
+
+REGISTRY = StrategyRegistry()

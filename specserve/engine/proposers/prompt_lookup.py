@@ -1,0 +1,68 @@
+"""`prompt_lookup`: draft the continuation of earlier occurrences of the last n tokens.
+
+Searches prompt and generated text (longest n first, most recent match first); several distinct
+continuations become branches of one tree.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy
+from specserve.engine.tree import Draft, DraftTree
+
+
+class PromptLookupConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_ngram: int = Field(3, ge=1, description="longest suffix to match")
+    min_ngram: int = Field(1, ge=1, description="shortest suffix to match")
+    draft_len: int = Field(6, ge=1, description="tokens drafted per match")
+    max_matches: int = Field(2, ge=1, description="distinct continuations (tree branches)")
+
+    @model_validator(mode="after")
+    def _ngram_order(self) -> "PromptLookupConfig":
+        if self.min_ngram > self.max_ngram:
+            raise ValueError("min_ngram must not exceed max_ngram")
+        return self
+
+
+class PromptLookupProposer:
+    """Keeps an index n-gram -> positions right after it, updated as tokens are committed."""
+
+    def __init__(self, config: PromptLookupConfig) -> None:
+        self.config = config
+        self._index: dict[tuple[int, ...], list[int]] = {}
+        self._indexed = 0  # tokens[: _indexed] are in the index
+
+    def _extend_index(self, tokens: list[int]) -> None:
+        lo, hi = self.config.min_ngram, self.config.max_ngram
+        for end in range(self._indexed, len(tokens)):
+            for n in range(lo, min(hi, end + 1) + 1):
+                self._index.setdefault(tuple(tokens[end - n + 1 : end + 1]), []).append(end + 1)
+        self._indexed = len(tokens)
+
+    def propose(self, tokens: list[int]) -> Draft:
+        self._extend_index(tokens)
+        cfg = self.config
+        chains: list[list[int]] = []
+        for n in range(min(cfg.max_ngram, len(tokens)), cfg.min_ngram - 1, -1):
+            for start in reversed(self._index.get(tuple(tokens[-n:]), [])):
+                chain = tokens[start : start + cfg.draft_len]
+                if chain and chain not in chains:
+                    chains.append(chain)
+                if len(chains) == cfg.max_matches:
+                    return Draft(DraftTree.from_chains(chains))
+        return Draft(DraftTree.from_chains(chains))
+
+    def observe(self, draft: Draft, aux_tokens: list[int], tokens: list[int]) -> None:
+        pass  # the index catches up lazily in propose
+
+
+def _build(config: PromptLookupConfig, ctx: ProposerContext) -> PromptLookupProposer:
+    return PromptLookupProposer(config)
+
+
+PROMPT_LOOKUP = REGISTRY.register(
+    Strategy("prompt_lookup", PromptLookupConfig, _build, "n-gram match over prompt and output")
+)

@@ -1,0 +1,106 @@
+"""Draft trees: the tokens a proposer wants verified, as a trie under the root token.
+
+A chain is a tree with one branch. Nodes are in topological order (parent before child);
+parent -1 means the root, i.e. the last committed token whose logits the verify forward computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Draft tokens and their parents; `draft_probs[i]` is the distribution node i was drawn
+    from (None: every node was chosen deterministically, a point mass on its token)."""
+
+    tokens: tuple[int, ...] = ()
+    parents: tuple[int, ...] = ()
+    draft_probs: torch.Tensor | None = None  # [n, vocab]
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.parents):
+            raise ValueError("tokens and parents must have the same length")
+        for i, p in enumerate(self.parents):
+            if not -1 <= p < i:
+                raise ValueError(f"node {i} has parent {p}; parents must come before children")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @staticmethod
+    def from_chains(chains: list[list[int]]) -> "DraftTree":
+        """Merge token chains into a trie; shared prefixes share nodes.
+
+        >>> t = DraftTree.from_chains([[5, 6, 7], [5, 8], [9]])
+        >>> t.tokens, t.parents
+        ((5, 6, 7, 8, 9), (-1, 0, 1, 0, -1))
+        """
+        tokens: list[int] = []
+        parents: list[int] = []
+        index: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+        for chain in chains:
+            parent = -1
+            for token in chain:
+                node = index.get((parent, token))
+                if node is None:
+                    node = len(tokens)
+                    tokens.append(token)
+                    parents.append(parent)
+                    index[(parent, token)] = node
+                parent = node
+        return DraftTree(tuple(tokens), tuple(parents))
+
+    @cached_property
+    def depths(self) -> tuple[int, ...]:
+        """Depth of each node; children of the root have depth 1."""
+        depths: list[int] = []
+        for p in self.parents:
+            depths.append(1 if p < 0 else depths[p] + 1)
+        return tuple(depths)
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        """children[0] lists the root's children; children[i + 1] those of node i."""
+        kids: list[list[int]] = [[] for _ in range(len(self) + 1)]
+        for i, p in enumerate(self.parents):
+            kids[p + 1].append(i)
+        return tuple(tuple(k) for k in kids)
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[n, n] bool: mask[i, j] is True when node j is node i or one of its ancestors."""
+        n = len(self)
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                mask[i] = mask[p]
+            mask[i, i] = True
+        return mask
+
+
+@dataclass(frozen=True)
+class AuxBranch:
+    """Extra tokens scored in the same forward but never committed (Lookahead's Jacobi window).
+
+    Each token sits at position root + offsets[i], attends to the committed context, the root and
+    the aux tokens marked in `visible`; the forward returns argmax tokens at `logit_rows`.
+    """
+
+    tokens: tuple[int, ...]
+    offsets: tuple[int, ...]
+    visible: torch.Tensor  # [a, a] bool
+    logit_rows: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What a proposer hands the verifier: the tree to verify and an optional aux branch."""
+
+    tree: DraftTree = field(default_factory=DraftTree)
+    aux: AuxBranch | None = None

@@ -1,0 +1,81 @@
+"""Pure acceptance rules: given a draft tree and the target's view of every node, pick the
+accepted path and the bonus token. Index 0 of the target arrays is the root; i + 1 is node i.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specserve.engine.tree import DraftTree
+
+
+def greedy_accept(tree: DraftTree, target_tokens: list[int]) -> tuple[list[int], int]:
+    """Longest path whose every token equals the target argmax at its parent, plus the bonus.
+
+    Example: tree from chains [[5, 6], [7]] (nodes 0:5, 1:6, 2:7) and target argmax
+    [7, 9, 8, 4] (root, node 0, node 1, node 2) accepts node 2 (token 7), whose argmax 4 is
+    the bonus: returns ([2], 4).
+    """
+    accepted: list[int] = []
+    cursor = 0  # row in target_tokens: 0 = root, i + 1 = node i
+    while True:
+        want = target_tokens[cursor]
+        match = next((c for c in tree.children[cursor] if tree.tokens[c] == want), None)
+        if match is None:
+            return accepted, want
+        accepted.append(match)
+        cursor = match + 1
+
+
+def sample_accept(
+    tree: DraftTree, target_probs: torch.Tensor, generator: torch.Generator
+) -> tuple[list[int], int]:
+    """Recursive rejection sampling over siblings (SpecInfer): output ~ the target exactly.
+
+    At a node with target distribution p, each child x drafted from q is accepted with
+    probability min(1, p(x) / q(x)); on rejection p <- normalize(max(p - q, 0)) and the next
+    sibling is tried; if none is accepted the bonus is drawn from the residual p. Deterministic
+    drafts use q = one-hot(x), so acceptance is p(x) and the residual removes x.
+    Example: p = [0.5, 0.5], one child token 0 (deterministic): accepted with probability 0.5,
+    otherwise the bonus is token 1 with probability 1.
+    target_probs: [n + 1, vocab]; tree.draft_probs: [n, vocab] or None.
+    """
+    accepted: list[int] = []
+    cursor = 0
+    while True:
+        p = target_probs[cursor].float()  # [vocab]
+        next_cursor = None
+        for child in tree.children[cursor]:
+            token = tree.tokens[child]
+            q = _draft_dist(tree, child, p)
+            ratio = (p[token] / q[token]).item() if q[token] > 0 else 0.0
+            if _uniform(generator) < min(1.0, ratio):
+                next_cursor = child
+                break
+            p = _residual(p, q)
+        if next_cursor is None:
+            return accepted, _draw(p, generator)
+        accepted.append(next_cursor)
+        cursor = next_cursor + 1
+
+
+def _draft_dist(tree: DraftTree, node: int, like: torch.Tensor) -> torch.Tensor:
+    if tree.draft_probs is not None:
+        return tree.draft_probs[node].to(like.device, like.dtype)
+    q = torch.zeros_like(like)
+    q[tree.tokens[node]] = 1.0
+    return q
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    r = torch.clamp(p - q, min=0.0)
+    total = r.sum()
+    return r / total if total > 0 else p
+
+
+def _uniform(generator: torch.Generator) -> float:
+    return torch.rand((), generator=generator).item()
+
+
+def _draw(p: torch.Tensor, generator: torch.Generator) -> int:
+    return int(torch.multinomial(p.cpu(), 1, generator=generator).item())

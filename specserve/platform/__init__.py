@@ -1,0 +1,1 @@
+"""Ray Serve application, gateway, admin API, registry and pool stores, metrics, settings."""

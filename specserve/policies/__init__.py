@@ -1,0 +1,1 @@
+"""Strategy policy, load gating and routing helpers; no heavy imports."""

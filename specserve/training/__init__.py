@@ -1,0 +1,1 @@
+"""Drafter training (Medusa, EAGLE) by self-distillation; may import the engine only."""
