@@ -38,6 +38,7 @@ class RequestState:
     text: TextStream
     eos_ids: frozenset[int]
     forwards: int = 0
+    scored: int = 0  # draft + aux tokens scored across steps (verification width beyond the root)
     finish_reason: str | None = None
     started_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
@@ -71,6 +72,7 @@ class GenerationResult:
     strategy: str
     forwards: int
     tau: float
+    mean_width: float  # tokens scored per forward: root + draft + aux
     seconds: float
     ttft_seconds: float
 
@@ -121,6 +123,7 @@ class Engine:
         past = kv_cache.cache_length(state.cache)
         out = verify_forward(self.model, state.cache, past, state.pending, draft)
         state.forwards += 1
+        state.scored += len(draft.tree) + (len(draft.aux) if draft.aux else 0)
         if state.params.greedy:
             targets = out.tree_logits.argmax(dim=-1).tolist()
             accepted, bonus = greedy_accept(draft.tree, targets)
@@ -185,6 +188,7 @@ class Engine:
             strategy=state.strategy,
             forwards=state.forwards,
             tau=state.tau,
+            mean_width=1 + state.scored / max(state.forwards, 1),
             seconds=end - state.started_at,
             ttft_seconds=(state.first_token_at or end) - state.started_at,
         )

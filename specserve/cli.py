@@ -1,0 +1,226 @@
+"""The `specserve` command line: models, generate, tune and bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+
+def _parse_value(raw: str):
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def parse_overrides(items: list[str], scoped: bool) -> dict:
+    """["window=5"] -> {"window": 5}; scoped: ["lookahead.window=5"] -> {"lookahead": {"window": 5}}."""
+    out: dict = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"config: expected KEY=VALUE, got {item!r}")
+        if scoped:
+            strategy, dot, field = key.partition(".")
+            if not dot:
+                raise ValueError(f"config: expected STRATEGY.KEY=VALUE, got {item!r}")
+            out.setdefault(strategy, {})[field] = _parse_value(value)
+        else:
+            out[key] = _parse_value(value)
+    return out
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m", help="catalog name, HF dir or .gguf file")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if present)")
+    p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default by device)")
+    p.add_argument("--cache-dir", type=Path, default=None, help="default $SPECSERVE_CACHE")
+
+
+def _load(args):
+    from specserve.engine.decode import Engine
+    from specserve.engine.models import load_model
+
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
+    return loaded, Engine.from_loaded(loaded)
+
+
+def cmd_models(args) -> int:
+    from specserve.engine.models import load_catalog, pull_model
+
+    if args.action == "list":
+        for name, entry in load_catalog().items():
+            print(f"{name}: {entry.description}")
+        return 0
+    path = pull_model(args.name, args.cache_dir, progress=lambda m: print(m, file=sys.stderr))
+    print(path)
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from specserve.engine.prompts import encode_prompt
+    from specserve.engine.sampling import SamplingParams
+
+    params = SamplingParams(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, seed=args.seed, stop=args.stop or [],
+    )
+    loaded, engine = _load(args)
+    config = parse_overrides(args.config, scoped=False)
+    ids = encode_prompt(loaded.tokenizer, args.prompt, chat=not args.raw)
+    state = engine.start(ids, params, args.strategy, config)
+    for step in engine.stream(state):
+        sys.stdout.write(step.text)
+        sys.stdout.flush()
+    result = engine.result(state)
+    print(file=sys.stdout)
+    print(
+        f"[{args.strategy}] {len(result.output_ids)} tokens in {result.seconds:.2f}s "
+        f"({len(result.output_ids) / result.seconds:.1f} tok/s), tau {result.tau:.2f}, "
+        f"finish {result.finish_reason}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _tuned_methods(args, engine, loaded, strategies: list[str], log) -> tuple[dict, dict, object]:
+    """Strategy -> config: tuned from the device cost curve unless overridden on the command line."""
+    from specserve.engine.cost import load_or_measure
+    from specserve.engine.models import default_cache_dir
+    from specserve.engine.prompts import calibration_prompts, encode_prompt
+    from specserve.engine.tuning import load_or_tune
+
+    cache_dir = args.cache_dir or default_cache_dir()
+    overrides = parse_overrides(getattr(args, "config", []), scoped=True)
+    log("measuring / loading the device cost curve ...")
+    curve = load_or_measure(loaded.model, loaded.model_id, cache_dir, remeasure=args.retune)
+    log("cost of a k-token verify forward (ms): "
+        + ", ".join(f"{k}: {v:.1f}" for k, v in sorted(curve.ms.items())))
+    prompts = [encode_prompt(loaded.tokenizer, p) for p in calibration_prompts()]
+    methods, choices = {}, {}
+    for name in strategies:
+        if name in overrides or args.no_tune or name == "ar":
+            methods[name] = overrides.get(name, {})
+            continue
+        log(f"tuning {name} on calibration prompts (cached after the first run) ...")
+        tuned = load_or_tune(engine, name, curve, prompts, cache_dir, retune=args.retune)
+        methods[name] = tuned.config
+        choices[name] = tuned.model_dump()
+        best = max(tuned.trials, key=lambda t: t.predicted_speedup)
+        log(f"  {name}: {tuned.config} (calibration tau {best.tau:.2f}, width "
+            f"{best.mean_width:.1f}, predicted {best.predicted_speedup:.2f}x over ar)")
+    return methods, choices, curve
+
+
+def cmd_tune(args) -> int:
+    loaded, engine = _load(args)
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    _, choices, curve = _tuned_methods(args, engine, loaded, args.strategies.split(","), log)
+    print(json.dumps({"cost_curve_ms": curve.ms, "choices": choices}, indent=1))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from specserve import bench
+    from specserve.engine.proposers import REGISTRY
+
+    names = [s for s in args.strategies.split(",") if s]
+    baselines = [b for b in args.baselines.split(",") if b]
+    for name in names:
+        REGISTRY.get(name)
+    for b in baselines:
+        if b not in bench.BASELINES:
+            raise ValueError(f"baselines: unknown {b!r}; valid: {', '.join(bench.BASELINES)}")
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    loaded, engine = _load(args)
+    methods, choices, curve = _tuned_methods(args, engine, loaded, names, log)
+    methods.update({b: None for b in baselines})
+    prompts = bench.load_specbench(args.data, args.per_task, loaded.tokenizer)
+    log(f"benchmarking {len(prompts)} prompts x {len(methods)} methods ...")
+    totals = bench.run_bench(engine, prompts, methods, args.max_new_tokens, log)
+    report = bench.build_report(
+        loaded.model_id, _device_name(loaded.device), prompts, args.max_new_tokens, totals
+    )
+    report["cost_curve_ms"] = curve.ms
+    report["strategy_configs"] = {n: c for n, c in methods.items() if c is not None}
+    report["tuning"] = choices
+    print(bench.format_table(report))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+        log(f"wrote {args.out}")
+    if args.plot:
+        bench.plot_report(report, Path(args.plot))
+        log(f"wrote {args.plot}")
+    return 0
+
+
+def _device_name(device) -> str:
+    import platform
+
+    import torch
+
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    models = sub.add_parser("models", help="list or pull catalog models")
+    models_sub = models.add_subparsers(dest="action", required=True)
+    models_sub.add_parser("list")
+    pull = models_sub.add_parser("pull")
+    pull.add_argument("name")
+    pull.add_argument("--cache-dir", type=Path, default=None)
+    models.set_defaults(func=cmd_models)
+
+    gen = sub.add_parser("generate", help="stream one completion")
+    _add_model_args(gen)
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--raw", action="store_true", help="no chat template")
+    gen.add_argument("--strategy", default="lookahead")
+    gen.add_argument("--config", action="append", default=[], help="strategy KEY=VALUE")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", default=None)
+    gen.set_defaults(func=cmd_generate)
+
+    for name, func, helptext in (("tune", cmd_tune, "measure the cost curve, pick draft sizes"),
+                                 ("bench", cmd_bench, "benchmark against transformers")):
+        p = sub.add_parser(name, help=helptext)
+        _add_model_args(p)
+        p.add_argument("--strategies", default="ar,prompt_lookup,lookahead")
+        p.add_argument("--retune", action="store_true", help="remeasure cost curve and retune")
+        p.add_argument("--no-tune", action="store_true", help="use default strategy configs")
+        p.add_argument("--config", action="append", default=[], help="STRATEGY.KEY=VALUE")
+        p.set_defaults(func=func)
+    b = sub.choices["bench"]
+    b.add_argument("--data", type=Path, default=Path("../shared/bench/specbench_dev.jsonl"))
+    b.add_argument("--per-task", type=int, default=3)
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--baselines", default="hf_ar,hf_pld")
+    b.add_argument("--out", type=Path, default=None)
+    b.add_argument("--plot", type=Path, default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, ValidationError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Choose draft parameters for this model and device: maximize τ / cost(width).
+
+τ (tokens per forward) and the mean verify width of each candidate are measured by decoding
+calibration prompts (Python's docs, never benchmark data); the device's cost curve prices each
+width. The choice and the whole table are cached per model, device and dtype.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from specserve.engine.cost import CostCurve, cache_stem
+from specserve.engine.decode import Engine
+from specserve.engine.sampling import SamplingParams
+
+CANDIDATES: dict[str, list[dict]] = {
+    "ar": [{}],
+    "prompt_lookup": [
+        {"draft_len": d, "max_matches": m} for d in (3, 5, 8) for m in (1, 2, 4)
+    ],
+    "lookahead": [
+        {"window": w, "ngram": n, "guesses": g}
+        for (w, n, g) in [
+            (2, 3, 2), (3, 3, 3), (4, 3, 4), (3, 4, 3), (5, 4, 5),
+            (6, 4, 6), (7, 5, 7), (10, 5, 10), (15, 5, 15), (20, 7, 20),
+        ]
+    ],
+}
+
+
+class Trial(BaseModel):
+    config: dict
+    tau: float
+    mean_width: float
+    predicted_speedup: float  # τ / relative cost of the mean width, against ar's 1.0
+
+
+class Tuned(BaseModel):
+    strategy: str
+    device: str
+    config: dict
+    trials: list[Trial]
+
+
+def tune(
+    engine: Engine,
+    strategy: str,
+    curve: CostCurve,
+    prompts: list[list[int]],
+    max_new_tokens: int = 48,
+    candidates: list[dict] | None = None,
+) -> Tuned:
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    trials = []
+    for config in candidates or CANDIDATES.get(strategy, [{}]):
+        runs = [engine.generate(ids, params, strategy, config) for ids in prompts]
+        tokens = sum(len(r.output_ids) for r in runs)
+        forwards = sum(r.forwards for r in runs)
+        width = sum(r.mean_width * r.forwards for r in runs) / forwards
+        tau = tokens / forwards
+        trials.append(Trial(config=config, tau=tau, mean_width=width,
+                            predicted_speedup=tau / curve.relative(width)))
+    best = max(trials, key=lambda t: t.predicted_speedup)
+    return Tuned(strategy=strategy, device=curve.device, config=best.config, trials=trials)
+
+
+def tuned_path(cache_dir: Path, curve: CostCurve, strategy: str) -> Path:
+    stem = cache_stem(curve.model_id, curve.device, curve.dtype)
+    return Path(cache_dir) / "tuned" / f"{stem}-{strategy}.json"
+
+
+def load_or_tune(engine, strategy, curve, prompts, cache_dir: Path, retune=False) -> Tuned:
+    path = tuned_path(cache_dir, curve, strategy)
+    if path.exists() and not retune:
+        return Tuned.model_validate(json.loads(path.read_text()))
+    tuned = tune(engine, strategy, curve, prompts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tuned.model_dump_json(indent=1))
+    return tuned

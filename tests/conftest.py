@@ -1,0 +1,106 @@
+"""Shared fixtures: tiny seeded random Llama models, a tokenizer stand-in and an Engine factory.
+
+Everything runs on CPU in fp32 with one intra-op thread: the models are so small that thread
+hand-offs cost more than the math, and one thread keeps results bit-for-bit reproducible.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specserve.engine.decode import Engine
+
+torch.set_num_threads(1)
+
+
+@functools.cache
+def _tiny_llama(
+    seed: int,
+    vocab: int,
+    hidden: int,
+    layers: int,
+    init_range: float,
+    head_scale: float,
+) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        initializer_range=init_range,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    if head_scale != 1.0:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(head_scale)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def make_tiny_llama(
+    seed: int = 0,
+    vocab: int = 96,
+    hidden: int = 64,
+    layers: int = 2,
+    init_range: float = 0.02,
+    head_scale: float = 1.0,
+) -> LlamaForCausalLM:
+    """A tiny random LlamaForCausalLM (fp32, eval), cached per argument set (treat as read-only)."""
+    return _tiny_llama(seed, vocab, hidden, layers, init_range, head_scale)
+
+
+class CharTokenizer:
+    """Tokenizer stand-in: id i decodes to one letter chr(97 + i % 26), or to "t{i} " words."""
+
+    def __init__(self, words: bool = False) -> None:
+        self.words = words
+
+    def piece(self, i: int) -> str:
+        return f"t{i} " if self.words else chr(97 + i % 26)
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(self.piece(int(i)) for i in ids)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    """Factory: tiny_llama(seed=0, vocab=96, hidden=64, ...) -> cached LlamaForCausalLM."""
+    return make_tiny_llama
+
+
+@pytest.fixture(scope="session")
+def model(tiny_llama):
+    return tiny_llama(0)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return CharTokenizer()
+
+
+@pytest.fixture(scope="session")
+def word_tokenizer():
+    return CharTokenizer(words=True)
+
+
+@pytest.fixture(scope="session")
+def make_engine(tokenizer):
+    """Factory: make_engine(model, eos_ids=(), tokenizer=None) -> Engine."""
+
+    def _make(model, eos_ids=(), tok=None) -> Engine:
+        return Engine(model, tok or tokenizer, frozenset(eos_ids))
+
+    return _make

@@ -1,0 +1,140 @@
+"""Pins the transformers KV-cache internals specserve.engine.kv_cache relies on."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specserve.engine import kv_cache
+from specserve.engine.forward import verify_forward
+from specserve.engine.tree import Draft, DraftTree
+
+ATOL = 1e-5
+
+
+@torch.inference_mode()
+def _filled(model, tokens: list[int]) -> DynamicCache:
+    """A fresh cache holding `tokens`, computed by a plain causal forward."""
+    cache = kv_cache.new_cache(model.config)
+    model(
+        input_ids=torch.tensor([tokens]),
+        **kv_cache.cache_kwargs(model, cache),
+        use_cache=True,
+    )
+    return cache
+
+
+def _kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+
+
+def _assert_same_cache(a, b):
+    assert kv_cache.cache_length(a) == kv_cache.cache_length(b)
+    for (ka, va), (kb, vb) in zip(_kv(a), _kv(b), strict=True):
+        assert ka.shape == kb.shape
+        assert torch.allclose(ka, kb, atol=ATOL), (ka - kb).abs().max()
+        assert torch.allclose(va, vb, atol=ATOL), (va - vb).abs().max()
+
+
+def test_dynamic_cache_layout(model):
+    cfg = model.config
+    cache = kv_cache.new_cache(cfg)
+    assert isinstance(cache, DynamicCache)
+    assert kv_cache.cache_length(cache) == 0
+    cache = _filled(model, list(range(11)))
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    assert len(cache.layers) == cfg.num_hidden_layers
+    for layer in cache.layers:
+        assert layer.keys.shape == (1, cfg.num_key_value_heads, 11, head_dim)
+        assert layer.values.shape == (1, cfg.num_key_value_heads, 11, head_dim)
+    assert kv_cache.cache_length(cache) == 11
+
+
+def test_crop_negative_removes_from_the_end(model):
+    cache = _filled(model, list(range(11)))
+    before = _kv(cache)
+    cache.crop(-3)
+    assert kv_cache.cache_length(cache) == 8
+    for (k0, v0), layer in zip(before, cache.layers):
+        assert layer.keys.shape[2] == 8
+        assert torch.equal(layer.keys, k0[:, :, :8])
+        assert torch.equal(layer.values, v0[:, :, :8])
+    _assert_same_cache(cache, _filled(model, list(range(8))))
+
+
+def test_cache_kwargs_picks_an_accepted_keyword(model):
+    kwargs = kv_cache.cache_kwargs(model, "sentinel")
+    assert len(kwargs) == 1
+    (name, value), = kwargs.items()
+    assert value == "sentinel"
+    assert name in inspect.signature(type(model).forward).parameters
+    assert name in {"cache", "past_key_values"}
+    # and the model really writes into the cache passed that way
+    cache = kv_cache.new_cache(model.config)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([[1, 2, 3]]), **kv_cache.cache_kwargs(model, cache),
+              use_cache=True)
+        assert kv_cache.cache_length(cache) == 3
+        model(input_ids=torch.tensor([[4]]), **kv_cache.cache_kwargs(model, cache),
+              use_cache=True)
+    assert kv_cache.cache_length(cache) == 4
+
+
+def test_keep_rows_docstring_example(model):
+    cache = _filled(model, list(range(10)))
+    before = _kv(cache)
+    kv_cache.keep_rows(cache, 6, [0, 2])
+    assert kv_cache.cache_length(cache) == 8
+    for (k0, v0), layer in zip(before, cache.layers):
+        assert torch.equal(layer.keys[:, :, :7], k0[:, :, :7])
+        assert torch.equal(layer.keys[:, :, 7], k0[:, :, 8])
+        assert torch.equal(layer.values[:, :, 7], v0[:, :, 8])
+
+
+@pytest.mark.parametrize("keep", [0, 1, 2, 4])
+def test_keep_rows_contiguous_equals_recompute(model, keep):
+    tokens = [5, 9, 2, 77, 3, 3, 40, 8, 1, 60]
+    cache = _filled(model, tokens)
+    kv_cache.keep_rows(cache, 6, list(range(keep)))
+    _assert_same_cache(cache, _filled(model, tokens[: 6 + keep]))
+
+
+PREFIX = [7, 3, 19, 4, 50, 11, 3, 19]
+
+
+@pytest.mark.parametrize(
+    "chains, path_tokens",
+    [
+        ([[4, 5, 6], [8, 9]], [8, 9]),  # second branch: rows [3, 4]
+        ([[4, 5], [4, 6, 7]], [4, 6, 7]),  # rows [0, 2, 3]
+        ([[4, 5], [4, 6, 7]], [4, 5]),  # contiguous rows [0, 1] with other nodes after
+        ([[1], [2], [3, 4]], [3]),  # a lone later sibling: rows [2]
+        ([[1, 2]], []),  # nothing accepted
+    ],
+)
+@pytest.mark.parametrize("with_aux", [False, True])
+def test_keep_rows_after_tree_forward_equals_recompute(model, chains, path_tokens, with_aux):
+    """After verifying a tree, keeping a root-to-node path gives the cache a plain forward over
+    the committed tokens would have built (tree nodes got the right positions and context)."""
+    from specserve.engine.proposers.lookahead import window_layout
+
+    tree = DraftTree.from_chains(chains)
+    aux = None
+    if with_aux:
+        from specserve.engine.tree import AuxBranch
+
+        offsets, visible = window_layout(2, 2)
+        aux = AuxBranch((9, 8, 7, 6), tuple(offsets), visible, (2, 3))
+    rows, slot = [], 0
+    for t in path_tokens:
+        slot = next(c for c in tree.children[slot] if tree.tokens[c] == t) + 1
+        rows.append(slot - 1)
+    past_tokens, pending = PREFIX[:5], PREFIX[5:]
+    cache = _filled(model, past_tokens)
+    verify_forward(model, cache, len(past_tokens), pending, Draft(tree, aux))
+    assert kv_cache.cache_length(cache) == len(PREFIX) + len(tree) + (len(aux) if aux else 0)
+    kv_cache.keep_rows(cache, len(PREFIX), rows)
+    _assert_same_cache(cache, _filled(model, PREFIX + path_tokens))

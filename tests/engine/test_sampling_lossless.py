@@ -1,0 +1,104 @@
+"""Sampled speculative decoding is lossless: `lookahead` samples the same distribution as `ar`.
+
+A tiny-vocabulary model with moderately flat next-token distributions; a prompt whose last token
+has several continuations in the prompt, so lookahead drafts several branches and some get
+accepted. The first three generated tokens of many seeded requests are compared with a
+chi-square two-sample test, and the same test must catch a subtly biased acceptance rule.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chi2_contingency
+
+import specserve.engine.decode as decode
+from specserve.engine.decode import Engine
+from specserve.engine.sampling import SamplingParams
+
+VOCAB = 10
+PROMPT = [2, 3, 4, 2, 5, 6, 2, 7, 1, 2, 8, 9, 2]  # "2" is followed by 3, 5, 7, 8 in the prompt
+LOOKAHEAD = {"window": 2, "ngram": 3, "guesses": 3}
+N = 2400
+ALPHA = 1e-3
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama, tokenizer):
+    model = tiny_llama(3, vocab=VOCAB, hidden=32, init_range=0.3)
+    return Engine(model, tokenizer, frozenset())
+
+
+def _sample(engine, strategy, config=None, seeds=range(N)):
+    outs, taus = [], []
+    for seed in seeds:
+        params = SamplingParams(max_new_tokens=3, temperature=1.0, seed=seed)
+        res = engine.generate(PROMPT, params, strategy, config)
+        assert len(res.output_ids) == 3
+        outs.append(tuple(res.output_ids))
+        taus.append(res.tau)
+    return outs, float(np.mean(taus))
+
+
+@pytest.fixture(scope="module")
+def ar_samples(engine):
+    # disjoint seeds from the speculative runs: two independent samples
+    outs, tau = _sample(engine, "ar", seeds=range(10**6, 10**6 + N))
+    assert tau == 1.0
+    return outs
+
+
+def _two_sample_pvalue(a: list, b: list, min_expected: float = 5.0) -> float:
+    """Chi-square test of homogeneity; sparse categories are pooled into one."""
+    ca, cb = Counter(a), Counter(b)
+    cats = sorted(set(ca) | set(cb))
+    table = np.array([[ca[c] for c in cats], [cb[c] for c in cats]], dtype=float)
+    total = table.sum(axis=0)
+    expected_min = total * min(table.sum(axis=1)) / table.sum()
+    big = expected_min >= min_expected
+    cols = [table[:, big]]
+    if (~big).any():
+        cols.append(table[:, ~big].sum(axis=1, keepdims=True))
+    table = np.concatenate(cols, axis=1)
+    table = table[:, table.sum(axis=0) > 0]
+    return float(chi2_contingency(table).pvalue)
+
+
+def _pvalues(ar: list[tuple[int, ...]], spec: list[tuple[int, ...]]) -> dict[str, float]:
+    return {
+        "token1": _two_sample_pvalue([o[0] for o in ar], [o[0] for o in spec]),
+        "token2": _two_sample_pvalue([o[1] for o in ar], [o[1] for o in spec]),
+        "token3": _two_sample_pvalue([o[2] for o in ar], [o[2] for o in spec]),
+        "tokens2,3": _two_sample_pvalue([o[1:] for o in ar], [o[1:] for o in spec]),
+        "tokens1,2": _two_sample_pvalue([o[:2] for o in ar], [o[:2] for o in spec]),
+    }
+
+
+def test_lookahead_sampling_matches_ar(engine, ar_samples):
+    spec, tau = _sample(engine, "lookahead", LOOKAHEAD)
+    assert tau > 1.05  # drafts were really accepted, so the acceptance rule was exercised
+    pvals = _pvalues(ar_samples, spec)
+    assert min(pvals.values()) > ALPHA, pvals
+
+
+def _biased_sample_accept(tree, target_probs, generator):
+    """Wrong on purpose: take the first drafted child whenever the target gives it > 5%."""
+    kids = tree.children[0]
+    if kids and target_probs[0, tree.tokens[kids[0]]] > 0.05:
+        bonus = torch.multinomial(target_probs[kids[0] + 1], 1, generator=generator).item()
+        return [kids[0]], int(bonus)
+    return _real_sample_accept(tree, target_probs, generator)
+
+
+_real_sample_accept = decode.sample_accept
+
+
+def test_biased_acceptance_is_detected(engine, ar_samples, monkeypatch):
+    monkeypatch.setattr(decode, "sample_accept", _biased_sample_accept)
+    spec, tau = _sample(engine, "lookahead", LOOKAHEAD)
+    assert tau > 1.05
+    pvals = _pvalues(ar_samples, spec)
+    assert min(pvals.values()) < ALPHA, pvals  # the very test that passes above now fails
