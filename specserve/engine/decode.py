@@ -6,6 +6,7 @@ lives in `RequestState`, so a later batcher can step many requests in one forwar
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -101,7 +102,7 @@ class Engine:
         if not prompt_ids:
             raise ValueError("prompt: must not be empty")
         cfg = REGISTRY.config(strategy, config)
-        seed = params.seed if params.seed is not None else int(torch.seed() % 2**31)
+        seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**31)
         ctx = ProposerContext(list(prompt_ids), self.model.config.vocab_size, seed, pool)
         generator = torch.Generator().manual_seed(seed)
         return RequestState(

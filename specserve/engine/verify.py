@@ -16,15 +16,20 @@ def greedy_accept(tree: DraftTree, target_tokens: list[int]) -> tuple[list[int],
     [7, 9, 8, 4] (root, node 0, node 1, node 2) accepts node 2 (token 7), whose argmax 4 is
     the bonus: returns ([2], 4).
     """
-    accepted: list[int] = []
-    cursor = 0  # row in target_tokens: 0 = root, i + 1 = node i
-    while True:
-        want = target_tokens[cursor]
-        match = next((c for c in tree.children[cursor] if tree.tokens[c] == want), None)
-        if match is None:
-            return accepted, want
-        accepted.append(match)
-        cursor = match + 1
+    accepted = _longest_match(tree, target_tokens, 0)
+    return accepted, target_tokens[accepted[-1] + 1 if accepted else 0]
+
+
+def _longest_match(tree: DraftTree, target_tokens: list[int], cursor: int) -> list[int]:
+    """Nodes of the longest matching path below row `cursor` (siblings may repeat a token)."""
+    want = target_tokens[cursor]
+    best: list[int] = []
+    for child in tree.children[cursor]:
+        if tree.tokens[child] == want:
+            path = [child] + _longest_match(tree, target_tokens, child + 1)
+            if len(path) > len(best):
+                best = path
+    return best
 
 
 def sample_accept(

@@ -27,13 +27,19 @@ MODELS = {  # name -> (seed, init_range)
 PROMPT_LENS = [1, 2, 7, 50, 200]
 MAX_NEW = 40
 
+pytestmark = pytest.mark.timeout(120)
+
 CONFIGS = {
     "pl-default": ("prompt_lookup", {}),
     "pl-chain1": ("prompt_lookup", {"max_ngram": 1, "draft_len": 1, "max_matches": 1}),
-    "pl-wide": ("prompt_lookup", {"max_ngram": 4, "min_ngram": 1, "draft_len": 8,
-                                  "max_matches": 4}),
-    "pl-long-ngram": ("prompt_lookup", {"max_ngram": 5, "min_ngram": 2, "draft_len": 3,
-                                        "max_matches": 3}),
+    "pl-wide": (
+        "prompt_lookup",
+        {"max_ngram": 4, "min_ngram": 1, "draft_len": 8, "max_matches": 4},
+    ),
+    "pl-long-ngram": (
+        "prompt_lookup",
+        {"max_ngram": 5, "min_ngram": 2, "draft_len": 3, "max_matches": 3},
+    ),
     "la-default": ("lookahead", {}),
     "la-w1-n2-g0": ("lookahead", {"window": 1, "ngram": 2, "guesses": 0}),
     "la-w2-n3-g1": ("lookahead", {"window": 2, "ngram": 3, "guesses": 1}),
@@ -41,8 +47,7 @@ CONFIGS = {
     "la-w4-n5-g5": ("lookahead", {"window": 4, "ngram": 5, "guesses": 5}),
     "la-w5-n2-g4": ("lookahead", {"window": 5, "ngram": 2, "guesses": 4}),
     "la-w5-n5-g2-k2": ("lookahead", {"window": 5, "ngram": 5, "guesses": 2, "key_len": 2}),
-    "la-no-seed": ("lookahead", {"window": 3, "ngram": 3, "guesses": 3,
-                                 "seed_from_prompt": False}),
+    "la-no-seed": ("lookahead", {"window": 3, "ngram": 3, "guesses": 3, "seed_from_prompt": False}),
 }
 
 
@@ -61,9 +66,7 @@ class Gate:
     """Engines and generation results, memoized so every test can compare against `ar`."""
 
     def __init__(self, tiny_llama, tokenizer) -> None:
-        self.models = {
-            name: tiny_llama(seed, init_range=ir) for name, (seed, ir) in MODELS.items()
-        }
+        self.models = {name: tiny_llama(seed, init_range=ir) for name, (seed, ir) in MODELS.items()}
         self.tokenizer = tokenizer
         self.engine = functools.cache(self._engine)
         self.run = functools.cache(self._run)
@@ -71,8 +74,9 @@ class Gate:
     def _engine(self, model_name: str, eos: tuple[int, ...] = ()) -> Engine:
         return Engine(self.models[model_name], self.tokenizer, frozenset(eos))
 
-    def _run(self, model_name: str, config: str, n_prompt: int, max_new: int = MAX_NEW,
-             seed: int = 123) -> GenerationResult:
+    def _run(
+        self, model_name: str, config: str, n_prompt: int, max_new: int = MAX_NEW, seed: int = 123
+    ) -> GenerationResult:
         strategy, cfg = ("ar", None) if config == "ar" else CONFIGS[config]
         prompt = make_prompt(n_prompt, MODELS[model_name][0])
         params = SamplingParams(max_new_tokens=max_new, seed=seed)
@@ -146,7 +150,10 @@ def test_tree_paths_are_exercised(gate, monkeypatch):
                 strategy, cfg = CONFIGS[config]
                 got = gate.engine(model_name).generate(
                     make_prompt(n, MODELS[model_name][0]),
-                    SamplingParams(max_new_tokens=MAX_NEW, seed=5), strategy, cfg)
+                    SamplingParams(max_new_tokens=MAX_NEW, seed=5),
+                    strategy,
+                    cfg,
+                )
                 assert got.output_ids == ref.output_ids
     gathered = [r for r in seen if r != tuple(range(len(r)))]
     assert len(gathered) >= 3
@@ -173,8 +180,13 @@ def test_shared_pool_across_requests_stays_lossless(gate):
     engine = gate.engine("mid")
     for n in (7, 50, 2, 50):
         ref = gate.run("mid", "ar", n)
-        got = engine.generate(make_prompt(n, 1), SamplingParams(max_new_tokens=MAX_NEW),
-                              "lookahead", {"window": 3, "ngram": 4, "guesses": 4}, pool=pool)
+        got = engine.generate(
+            make_prompt(n, 1),
+            SamplingParams(max_new_tokens=MAX_NEW),
+            "lookahead",
+            {"window": 3, "ngram": 4, "guesses": 4},
+            pool=pool,
+        )
         assert got.output_ids == ref.output_ids
     assert len(pool) > before  # the requests fed the shared pool
 
@@ -198,19 +210,28 @@ def _generate(engine, prompt, config, **params):
     return engine.generate(prompt, SamplingParams(**params), strategy, cfg)
 
 
-@pytest.mark.parametrize("model_name, n_prompt, at, width", [
-    ("mid", 50, 9, 3), ("wander", 7, 15, 2), ("loopy", 200, 4, 4), ("wander", 1, 22, 1),
-])
+@pytest.mark.parametrize(
+    "model_name, n_prompt, at, width",
+    [
+        ("mid", 50, 9, 3),
+        ("wander", 7, 15, 2),
+        ("loopy", 200, 4, 4),
+        ("wander", 1, 22, 1),
+    ],
+)
 def test_stop_strings(gate, model_name, n_prompt, at, width):
     engine = gate.engine(model_name)
     prompt = make_prompt(n_prompt, MODELS[model_name][0])
     full = gate.run(model_name, "ar", n_prompt).text
-    stop = full[at:at + width]  # spans `width` one-letter tokens
+    stop = full[at : at + width]  # spans `width` one-letter tokens
     cut = full.find(stop)
     texts = set()
     for config in STOP_CONFIGS:
-        state = engine.start(prompt, SamplingParams(max_new_tokens=MAX_NEW, stop=[stop, "#"]),
-                             *(("ar", None) if config == "ar" else CONFIGS[config]))
+        state = engine.start(
+            prompt,
+            SamplingParams(max_new_tokens=MAX_NEW, stop=[stop, "#"]),
+            *(("ar", None) if config == "ar" else CONFIGS[config]),
+        )
         deltas, ids = [], []
         for step in engine.stream(state):
             deltas.append(step.text)
@@ -240,17 +261,29 @@ def test_stop_string_with_word_tokens(gate, word_tokenizer):
 
 
 def test_stop_string_never_matching_finishes_by_length(gate):
+    """Held-back text is flushed at the end; streamed deltas add up to the full text."""
     full = gate.run("mid", "ar", 7)
+    engine = gate.engine("mid")
     for config in STOP_CONFIGS:
-        res = _generate(gate.engine("mid"), make_prompt(7, 1), config, max_new_tokens=MAX_NEW,
-                        stop=["@@@"])
-        assert res.finish_reason == "length" and res.text == full.text
+        strategy, cfg = ("ar", None) if config == "ar" else CONFIGS[config]
+        state = engine.start(
+            make_prompt(7, 1), SamplingParams(max_new_tokens=MAX_NEW, stop=["@@@@"]), strategy, cfg
+        )
+        deltas = [step.text for step in engine.stream(state)]
+        res = engine.result(state)
+        assert res.finish_reason == "length" and res.text == full.text == "".join(deltas)
         assert res.output_ids == full.output_ids
 
 
-@pytest.mark.parametrize("model_name, n_prompt, at", [
-    ("mid", 50, 12), ("wander", 7, 20), ("wander", 200, 5), ("loopy", 2, 3),
-])
+@pytest.mark.parametrize(
+    "model_name, n_prompt, at",
+    [
+        ("mid", 50, 12),
+        ("wander", 7, 20),
+        ("wander", 200, 5),
+        ("loopy", 2, 3),
+    ],
+)
 def test_eos_stops_every_strategy_at_the_same_place(gate, model_name, n_prompt, at):
     ar_ids = gate.run(model_name, "ar", n_prompt).output_ids
     eos = ar_ids[at]
@@ -267,6 +300,33 @@ def test_eos_stops_every_strategy_at_the_same_place(gate, model_name, n_prompt, 
         assert ignored.output_ids == ar_ids and ignored.finish_reason == "length"
 
 
+def test_eos_inside_an_accepted_draft(gate):
+    """EOS committed in the middle of a multi-token step: everything after it is dropped."""
+    cases = 0
+    for model_name, n_prompt in [("mid", 50), ("wander", 200), ("loopy", 50), ("mid", 200)]:
+        ar_ids = gate.run(model_name, "ar", n_prompt).output_ids
+        prompt = make_prompt(n_prompt, MODELS[model_name][0])
+        for config in ["pl-wide", "la-w4-n5-g5"]:
+            engine = gate.engine(model_name)
+            strategy, cfg = CONFIGS[config]
+            state = engine.start(prompt, SamplingParams(max_new_tokens=MAX_NEW), strategy, cfg)
+            mid_step, pos = [], 0
+            for step in engine.stream(state):
+                mid_step += range(pos + 1, pos + len(step.new_ids))
+                pos += len(step.new_ids)
+            firsts = [i for i in mid_step if ar_ids.index(ar_ids[i]) == i]
+            if not firsts:
+                continue
+            first = firsts[0]
+            eos_engine = gate.engine(model_name, (ar_ids[first],))
+            res = _generate(eos_engine, prompt, config, max_new_tokens=MAX_NEW)
+            assert res.output_ids == ar_ids[: first + 1], (model_name, n_prompt, config)
+            assert res.finish_reason == "stop"
+            assert res.text == gate.tokenizer.decode(ar_ids[:first])
+            cases += 1
+    assert cases >= 3
+
+
 # ----------------------------------------------------------------------------- sampling
 
 
@@ -276,8 +336,9 @@ def test_same_seed_same_sampled_output(gate, config):
     prompt = make_prompt(50, 2)
     outs = []
     for seed in (7, 7, 8, 9, 10):
-        res = _generate(engine, prompt, config, max_new_tokens=24, temperature=1.3, top_p=0.95,
-                        seed=seed)
+        res = _generate(
+            engine, prompt, config, max_new_tokens=24, temperature=1.3, top_p=0.95, seed=seed
+        )
         assert len(res.output_ids) == 24
         outs.append(res.output_ids)
     assert outs[0] == outs[1]
@@ -287,9 +348,31 @@ def test_same_seed_same_sampled_output(gate, config):
 def test_sampling_with_top_k_one_is_greedy(gate):
     ref = gate.run("wander", "ar", 50)
     for config in ["ar", "pl-wide", "la-w4-n5-g5"]:
-        res = _generate(gate.engine("wander"), make_prompt(50, 2), config, max_new_tokens=MAX_NEW,
-                        temperature=0.7, top_k=1, seed=3)
+        res = _generate(
+            gate.engine("wander"),
+            make_prompt(50, 2),
+            config,
+            max_new_tokens=MAX_NEW,
+            temperature=0.7,
+            top_k=1,
+            seed=3,
+        )
         assert res.output_ids == ref.output_ids
+
+
+def test_unseeded_request_leaves_the_global_rng_alone(gate):
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    gate.engine("mid").start([1, 2, 3], SamplingParams(max_new_tokens=2, temperature=1.0))
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_unseeded_requests_still_work(gate):
+    res = gate.engine("mid").generate(
+        [1, 2, 3], SamplingParams(max_new_tokens=5, temperature=1.0), "lookahead"
+    )
+    assert len(res.output_ids) == 5
 
 
 # ------------------------------------------------------------------------- bad input
@@ -312,11 +395,14 @@ def test_empty_prompt_names_prompt(gate):
             gate.engine("mid").generate([], SamplingParams(max_new_tokens=2), strategy)
 
 
-@pytest.mark.parametrize("strategy, bad", [
-    ("ar", {"window": 3}),
-    ("lookahead", {"windw": 3}),
-    ("prompt_lookup", {"max_ngrams": 3}),
-])
+@pytest.mark.parametrize(
+    "strategy, bad",
+    [
+        ("ar", {"window": 3}),
+        ("lookahead", {"windw": 3}),
+        ("prompt_lookup", {"max_ngrams": 3}),
+    ],
+)
 def test_unknown_config_field_is_named(gate, strategy, bad):
     with pytest.raises(ValueError) as info:
         gate.engine("mid").generate([1, 2], SamplingParams(max_new_tokens=2), strategy, bad)
@@ -328,6 +414,10 @@ def test_config_object_is_accepted(gate):
     from specserve.engine.proposers.lookahead import LookaheadConfig
 
     ref = gate.run("mid", "ar", 7)
-    got = gate.engine("mid").generate(make_prompt(7, 1), SamplingParams(max_new_tokens=MAX_NEW),
-                                  "lookahead", LookaheadConfig(window=2, ngram=3))
+    got = gate.engine("mid").generate(
+        make_prompt(7, 1),
+        SamplingParams(max_new_tokens=MAX_NEW),
+        "lookahead",
+        LookaheadConfig(window=2, ngram=3),
+    )
     assert got.output_ids == ref.output_ids

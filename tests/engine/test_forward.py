@@ -40,7 +40,7 @@ def test_build_inputs_tree_and_aux_layout():
     assert inp.logit_rows.tolist() == [0, 1, 2, 3, 6, 7]
     al = inp.allowed
     assert al.shape == (8, 10)
-    assert al[:, :root + 1].all()  # everyone sees the cache and the pending root
+    assert al[:, : root + 1].all()  # everyone sees the cache and the pending root
     tree_block = al[1:4, 3:6]
     assert torch.equal(tree_block, tree.ancestor_mask())
     assert not al[1:4, 6:].any()  # tree rows never see aux
@@ -120,8 +120,11 @@ def test_tree_and_aux_logits_equal_plain_forwards(
     cache = kv_cache.new_cache(model.config)
     if n_cached:
         with torch.inference_mode():
-            model(input_ids=torch.tensor([prompt[:n_cached]]),
-                  **kv_cache.cache_kwargs(model, cache), use_cache=True)
+            model(
+                input_ids=torch.tensor([prompt[:n_cached]]),
+                **kv_cache.cache_kwargs(model, cache),
+                use_cache=True,
+            )
     with _capture_logits(model) as seen:
         out = verify_forward(model, cache, n_cached, prompt[n_cached:], Draft(tree, aux))
     n = len(tree)
@@ -133,16 +136,20 @@ def test_tree_and_aux_logits_equal_plain_forwards(
     expected += [_plain_last_logits(model, prompt + path) for path in _node_paths(tree)]
     for row, want in enumerate(expected):
         assert torch.allclose(out.tree_logits[row], want, atol=ATOL), (
-            row, (out.tree_logits[row] - want).abs().max())
+            row,
+            (out.tree_logits[row] - want).abs().max(),
+        )
 
     if aux:
         (all_logits,) = seen
-        aux_logits = all_logits[n + 1:]
+        aux_logits = all_logits[n + 1 :]
         assert aux_logits.shape[0] == len(aux)
         for r in range(len(aux)):
             want = _plain_last_logits(model, prompt + _aux_context(aux, r))
             assert torch.allclose(aux_logits[r], want, atol=ATOL), (
-                r, (aux_logits[r] - want).abs().max())
+                r,
+                (aux_logits[r] - want).abs().max(),
+            )
         assert out.aux_tokens == aux_logits.argmax(-1).tolist()
     else:
         assert out.aux_tokens == []
@@ -157,5 +164,7 @@ def test_aux_tokens_are_argmax_at_the_top_level(model):
     aux = AuxBranch(toks, tuple(offsets), visible, (3, 4, 5))
     cache = kv_cache.new_cache(model.config)
     out = verify_forward(model, cache, 0, prompt, Draft(DraftTree.from_chains([[1, 2]]), aux))
-    want = [int(_plain_last_logits(model, prompt + _aux_context(aux, r)).argmax()) for r in (3, 4, 5)]
+    want = [
+        int(_plain_last_logits(model, prompt + _aux_context(aux, r)).argmax()) for r in (3, 4, 5)
+    ]
     assert out.aux_tokens == want

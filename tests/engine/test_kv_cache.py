@@ -68,18 +68,20 @@ def test_crop_negative_removes_from_the_end(model):
 def test_cache_kwargs_picks_an_accepted_keyword(model):
     kwargs = kv_cache.cache_kwargs(model, "sentinel")
     assert len(kwargs) == 1
-    (name, value), = kwargs.items()
+    ((name, value),) = kwargs.items()
     assert value == "sentinel"
     assert name in inspect.signature(type(model).forward).parameters
     assert name in {"cache", "past_key_values"}
     # and the model really writes into the cache passed that way
     cache = kv_cache.new_cache(model.config)
     with torch.inference_mode():
-        model(input_ids=torch.tensor([[1, 2, 3]]), **kv_cache.cache_kwargs(model, cache),
-              use_cache=True)
+        model(
+            input_ids=torch.tensor([[1, 2, 3]]),
+            **kv_cache.cache_kwargs(model, cache),
+            use_cache=True,
+        )
         assert kv_cache.cache_length(cache) == 3
-        model(input_ids=torch.tensor([[4]]), **kv_cache.cache_kwargs(model, cache),
-              use_cache=True)
+        model(input_ids=torch.tensor([[4]]), **kv_cache.cache_kwargs(model, cache), use_cache=True)
     assert kv_cache.cache_length(cache) == 4
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from scipy.stats import chi2_contingency
 
-import specserve.engine.decode as decode
+from specserve.engine import decode
 from specserve.engine.decode import Engine
 from specserve.engine.sampling import SamplingParams
 
@@ -24,6 +24,8 @@ PROMPT = [2, 3, 4, 2, 5, 6, 2, 7, 1, 2, 8, 9, 2]  # "2" is followed by 3, 5, 7, 
 LOOKAHEAD = {"window": 2, "ngram": 3, "guesses": 3}
 N = 2400
 ALPHA = 1e-3
+
+pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")

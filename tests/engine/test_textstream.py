@@ -58,7 +58,7 @@ def test_holdback_then_finish_exact(tokenizer):
 def test_stop_across_token_boundaries(split):
     """The same text cut into tokens at every place: the stop is found and excluded."""
     text = "hello STOP world"
-    pieces = [text[:split], text[split:split + 3], text[split + 3:]]
+    pieces = [text[:split], text[split : split + 3], text[split + 3 :]]
     pieces = [p for p in pieces if p]
     ts = TextStream(PieceTokenizer(pieces), ["STOP"])
     out = ""
@@ -126,13 +126,15 @@ def test_random_streams_equal_batch_truncation(seed, tokenizer):
     rng = random.Random(seed)
     ids = [rng.randrange(5) for _ in range(40)]  # letters a..e
     full = tokenizer.decode(ids)
-    stops = ["".join(rng.choice("abcde") for _ in range(rng.randrange(1, 4)))
-             for _ in range(rng.randrange(1, 3))]
+    stops = [
+        "".join(rng.choice("abcde") for _ in range(rng.randrange(1, 4)))
+        for _ in range(rng.randrange(1, 3))
+    ]
     ts = TextStream(tokenizer, stops)
     out, i = "", 0
     while i < len(ids) and not ts.stopped:
         k = rng.randrange(1, 4)
-        out += ts.push(ids[i:i + k])
+        out += ts.push(ids[i : i + k])
         i += k
     out += ts.finish()
     hits = [full.find(s) for s in stops if full.find(s) >= 0]

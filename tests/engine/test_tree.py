@@ -124,6 +124,7 @@ def test_length_mismatch_rejected():
 
 
 def test_aux_branch_len():
-    aux = AuxBranch(tokens=(1, 2, 3), offsets=(1, 2, 3), visible=torch.eye(3, dtype=torch.bool),
-                    logit_rows=(2,))
+    aux = AuxBranch(
+        tokens=(1, 2, 3), offsets=(1, 2, 3), visible=torch.eye(3, dtype=torch.bool), logit_rows=(2,)
+    )
     assert len(aux) == 3

@@ -56,7 +56,7 @@ def window_layout(window: int, levels: int) -> tuple[list[int], torch.Tensor]:
 class LookaheadProposer:
     def __init__(self, config: LookaheadConfig, ctx: ProposerContext) -> None:
         self.config = config
-        self.pool = ctx.pool or NGramPool(config.pool_max_keys, config.pool_max_per_key)
+        self.pool = ctx.pool if ctx.pool is not None else NGramPool(config.pool_max_keys, config.pool_max_per_key)
         self._cont_len = config.ngram - config.key_len
         if self._cont_len < 1:
             raise ValueError("lookahead: ngram must exceed key_len")

@@ -90,8 +90,9 @@ def test_aux_branch_shape_and_initial_window_from_prompt():
 
 def test_levels_grow_to_n_minus_1_then_pool_gets_ngrams():
     prompt = [1, 2]
-    prop = _proposer(prompt, window=2, ngram=4, guesses=3, seed_from_prompt=False,
-                     feed_output=False)
+    prop = _proposer(
+        prompt, window=2, ngram=4, guesses=3, seed_from_prompt=False, feed_output=False
+    )
     level0 = list(prop.levels[0])
     tokens = list(prompt)
     steps = [[30, 31], [32, 33], [34, 35], [36, 37]]
@@ -153,11 +154,6 @@ def test_shared_pool_is_used_and_filled():
     assert pool.get((1,), 5) == [(2, 3)]  # seeded from this prompt
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: lookahead.py uses `ctx.pool or NGramPool(...)`; an empty NGramPool is falsy "
-    "(it defines __len__), so an empty shared pool is replaced by a private one",
-)
 def test_empty_shared_pool_is_used():
     pool = NGramPool()
     prop = _proposer([1, 2, 3, 9], pool=pool, ngram=3)

@@ -71,8 +71,12 @@ def test_no_match_gives_empty_draft():
 def test_incremental_index_equals_fresh(seed):
     """The lazily extended index gives what a proposer built on the full sequence gives."""
     rng = random.Random(seed)
-    cfg = PromptLookupConfig(max_ngram=rng.randrange(1, 5), min_ngram=1,
-                             draft_len=rng.randrange(1, 7), max_matches=rng.randrange(1, 4))
+    cfg = PromptLookupConfig(
+        max_ngram=rng.randrange(1, 5),
+        min_ngram=1,
+        draft_len=rng.randrange(1, 7),
+        max_matches=rng.randrange(1, 4),
+    )
     tokens = [rng.randrange(4) for _ in range(10)]
     live = PromptLookupProposer(cfg)
     for _ in range(15):
@@ -89,8 +93,8 @@ def test_brute_force_reference_on_random_sequences():
         for n in range(min(3, len(tokens)), 0, -1):
             suffix = tokens[-n:]
             for end in range(len(tokens) - 1, n - 2, -1):  # most recent first
-                if tokens[end - n + 1:end + 1] == suffix:
-                    chain = tokens[end + 1:end + 5]
+                if tokens[end - n + 1 : end + 1] == suffix:
+                    chain = tokens[end + 1 : end + 5]
                     if chain and chain not in chains and len(chains) < 3:
                         chains.append(chain)
         assert PromptLookupProposer(cfg).propose(tokens).tree == DraftTree.from_chains(chains)
