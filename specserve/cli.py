@@ -42,11 +42,15 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args):
-    from specserve.engine.decode import Engine
     from specserve.engine.models import load_model
 
-    loaded = load_model(args.model, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
-    return loaded, Engine.from_loaded(loaded)
+    return load_model(args.model, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
+
+
+def _cache_dir(args) -> Path:
+    from specserve.engine.models import default_cache_dir
+
+    return args.cache_dir or default_cache_dir()
 
 
 def cmd_models(args) -> int:
@@ -69,8 +73,21 @@ def cmd_generate(args) -> int:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
         top_k=args.top_k, seed=args.seed, stop=args.stop or [],
     )
-    loaded, engine = _load(args)
+    from specserve.engine.cost import cost_curve_path, CostCurve
+    from specserve.engine.decode import Engine
+    from specserve.engine.tuning import tuned_path, Tuned
+
+    loaded = _load(args)
     config = parse_overrides(args.config, scoped=False)
+    curve_file = cost_curve_path(_cache_dir(args), loaded.model_id, loaded.device, loaded.dtype)
+    pad_width = None
+    if curve_file.exists():  # measured by `specserve tune` / `bench`: pad widths, tuned sizes
+        curve = CostCurve.model_validate_json(curve_file.read_text())
+        pad_width = curve.padded_width
+        tuned_file = tuned_path(_cache_dir(args), curve, args.strategy)
+        if tuned_file.exists() and not config:
+            config = Tuned.model_validate_json(tuned_file.read_text()).config
+    engine = Engine.from_loaded(loaded, pad_width)
     ids = encode_prompt(loaded.tokenizer, args.prompt, chat=not args.raw)
     state = engine.start(ids, params, args.strategy, config)
     for step in engine.stream(state):
@@ -87,19 +104,21 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def _tuned_methods(args, engine, loaded, strategies: list[str], log) -> tuple[dict, dict, object]:
-    """Strategy -> config: tuned from the device cost curve unless overridden on the command line."""
+def _tuned_methods(args, loaded, strategies: list[str], log):
+    """An engine padding to the device's cheapest widths, and strategy -> config: tuned from the
+    device cost curve unless overridden on the command line."""
     from specserve.engine.cost import load_or_measure
-    from specserve.engine.models import default_cache_dir
+    from specserve.engine.decode import Engine
     from specserve.engine.prompts import calibration_prompts, encode_prompt
     from specserve.engine.tuning import load_or_tune
 
-    cache_dir = args.cache_dir or default_cache_dir()
+    cache_dir = _cache_dir(args)
     overrides = parse_overrides(getattr(args, "config", []), scoped=True)
     log("measuring / loading the device cost curve ...")
     curve = load_or_measure(loaded.model, loaded.model_id, cache_dir, remeasure=args.retune)
     log("cost of a k-token verify forward (ms): "
         + ", ".join(f"{k}: {v:.1f}" for k, v in sorted(curve.ms.items())))
+    engine = Engine.from_loaded(loaded, curve.padded_width)
     prompts = [encode_prompt(loaded.tokenizer, p) for p in calibration_prompts()]
     methods, choices = {}, {}
     for name in strategies:
@@ -112,14 +131,15 @@ def _tuned_methods(args, engine, loaded, strategies: list[str], log) -> tuple[di
         choices[name] = tuned.model_dump()
         best = max(tuned.trials, key=lambda t: t.predicted_speedup)
         log(f"  {name}: {tuned.config} (calibration tau {best.tau:.2f}, width "
-            f"{best.mean_width:.1f}, predicted {best.predicted_speedup:.2f}x over ar)")
-    return methods, choices, curve
+            f"{best.mean_width:.1f}, step cost {best.mean_cost:.2f}x, predicted "
+            f"{best.predicted_speedup:.2f}x over ar)")
+    return engine, methods, choices, curve
 
 
 def cmd_tune(args) -> int:
-    loaded, engine = _load(args)
+    loaded = _load(args)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    _, choices, curve = _tuned_methods(args, engine, loaded, args.strategies.split(","), log)
+    _, _, choices, curve = _tuned_methods(args, loaded, args.strategies.split(","), log)
     print(json.dumps({"cost_curve_ms": curve.ms, "choices": choices}, indent=1))
     return 0
 
@@ -136,8 +156,8 @@ def cmd_bench(args) -> int:
         if b not in bench.BASELINES:
             raise ValueError(f"baselines: unknown {b!r}; valid: {', '.join(bench.BASELINES)}")
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    loaded, engine = _load(args)
-    methods, choices, curve = _tuned_methods(args, engine, loaded, names, log)
+    loaded = _load(args)
+    engine, methods, choices, curve = _tuned_methods(args, loaded, names, log)
     methods.update({b: None for b in baselines})
     prompts = bench.load_specbench(args.data, args.per_task, loaded.tokenizer)
     log(f"benchmarking {len(prompts)} prompts x {len(methods)} methods ...")

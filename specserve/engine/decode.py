@@ -10,6 +10,7 @@ import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from pydantic import BaseModel
@@ -39,7 +40,7 @@ class RequestState:
     text: TextStream
     eos_ids: frozenset[int]
     forwards: int = 0
-    scored: int = 0  # draft + aux tokens scored across steps (verification width beyond the root)
+    widths: list[int] = field(default_factory=list)  # tokens scored by each decode step
     finish_reason: str | None = None
     started_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
@@ -73,7 +74,7 @@ class GenerationResult:
     strategy: str
     forwards: int
     tau: float
-    mean_width: float  # tokens scored per forward: root + draft + aux
+    widths: list[int]  # tokens scored by each decode step (root + draft + aux; prefill excluded)
     seconds: float
     ttft_seconds: float
 
@@ -81,14 +82,19 @@ class GenerationResult:
 class Engine:
     """Decodes requests on one loaded model; holds no per-request state itself."""
 
-    def __init__(self, model, tokenizer, eos_ids: frozenset[int]) -> None:
+    def __init__(
+        self, model, tokenizer, eos_ids: frozenset[int], pad_width: Callable[[int], int] | None = None
+    ) -> None:
+        """`pad_width(k)`: the verify width to run k decode tokens at (the device's cheapest
+        width >= k, from its cost curve); None runs exactly k."""
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(eos_ids)
+        self.pad_width = pad_width
 
     @classmethod
-    def from_loaded(cls, loaded) -> "Engine":
-        return cls(loaded.model, loaded.tokenizer, loaded.eos_token_ids)
+    def from_loaded(cls, loaded, pad_width: Callable[[int], int] | None = None) -> "Engine":
+        return cls(loaded.model, loaded.tokenizer, loaded.eos_token_ids, pad_width)
 
     def start(
         self,
@@ -122,9 +128,12 @@ class Engine:
         """One target forward: propose a draft, verify it, commit the accepted path + bonus."""
         draft = state.proposer.propose(state.tokens)
         past = kv_cache.cache_length(state.cache)
-        out = verify_forward(self.model, state.cache, past, state.pending, draft)
+        width = len(state.pending) + len(draft.tree) + (len(draft.aux) if draft.aux else 0)
+        pad_to = self.pad_width(width) if self.pad_width and len(state.pending) == 1 else 0
+        out = verify_forward(self.model, state.cache, past, state.pending, draft, pad_to)
         state.forwards += 1
-        state.scored += len(draft.tree) + (len(draft.aux) if draft.aux else 0)
+        if len(state.pending) == 1:
+            state.widths.append(width)
         if state.params.greedy:
             targets = out.tree_logits.argmax(dim=-1).tolist()
             accepted, bonus = greedy_accept(draft.tree, targets)
@@ -189,7 +198,7 @@ class Engine:
             strategy=state.strategy,
             forwards=state.forwards,
             tau=state.tau,
-            mean_width=1 + state.scored / max(state.forwards, 1),
+            widths=list(state.widths),
             seconds=end - state.started_at,
             ttft_seconds=(state.first_token_at or end) - state.started_at,
         )

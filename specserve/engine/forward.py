@@ -28,28 +28,34 @@ class ForwardInputs:
     logit_rows: torch.Tensor  # [r]
 
 
-def build_inputs(past: int, pending: list[int], draft: Draft) -> ForwardInputs:
-    """Lay out the query rows and what each may attend to.
+def build_inputs(past: int, pending: list[int], draft: Draft, pad_to: int = 0) -> ForwardInputs:
+    """Lay out the query rows and what each may attend to; pad with inert rows up to `pad_to`.
 
     Example: past 3, pending [a, b], tree [x] (child of root) and no aux: ids [a, b, x] at
     positions [3, 4, 5]; x attends to the 3 cached positions, a, b and itself; logit rows [1, 2].
+    A padding row holds token 0, sees only itself and is never read (its cache entry is dropped).
     """
     tree, aux = draft.tree, draft.aux
     p, n, a = len(pending), len(tree), len(aux) if aux else 0
-    q = p + n + a
+    used = p + n + a
+    q = max(used, pad_to)
     root_pos = past + p - 1
     allowed = torch.zeros(q, past + q, dtype=torch.bool)
     allowed[:, :past] = True
-    allowed[:, past : past + p] = _pending_block(p, q)
+    allowed[:used, past : past + p] = _pending_block(p, used)
     allowed[p : p + n, past + p : past + p + n] = tree.ancestor_mask()
     positions = list(range(past, past + p)) + [root_pos + d for d in tree.depths]
     rows = list(range(p - 1, p + n))
     ids = list(pending) + list(tree.tokens)
     if aux:
-        allowed[p + n :, past + p + n :] = aux.visible
+        allowed[p + n : used, past + p + n : past + used] = aux.visible
         positions += [root_pos + o for o in aux.offsets]
         rows += [p + n + r for r in aux.logit_rows]
         ids += list(aux.tokens)
+    for row in range(used, q):
+        allowed[row, past + row] = True
+    ids += [0] * (q - used)
+    positions += [root_pos] * (q - used)
     return ForwardInputs(
         input_ids=torch.tensor([ids], dtype=torch.long),
         position_ids=torch.tensor([positions], dtype=torch.long),
@@ -66,9 +72,11 @@ def _pending_block(p: int, q: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def verify_forward(model, cache, past: int, pending: list[int], draft: Draft) -> ForwardOutput:
-    """Run the target once; the cache grows by len(pending) + len(tree) + len(aux) entries."""
-    inputs = build_inputs(past, pending, draft)
+def verify_forward(
+    model, cache, past: int, pending: list[int], draft: Draft, pad_to: int = 0
+) -> ForwardOutput:
+    """Run the target once; the cache grows by max(len(pending) + len(tree) + len(aux), pad_to)."""
+    inputs = build_inputs(past, pending, draft, pad_to)
     device = model.device
     mask = torch.zeros(inputs.allowed.shape, dtype=model.dtype, device=device)
     mask.masked_fill_(~inputs.allowed.to(device), torch.finfo(model.dtype).min)

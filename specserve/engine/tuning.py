@@ -19,7 +19,8 @@ from specserve.engine.sampling import SamplingParams
 CANDIDATES: dict[str, list[dict]] = {
     "ar": [{}],
     "prompt_lookup": [
-        {"draft_len": d, "max_matches": m} for d in (3, 5, 8) for m in (1, 2, 4)
+        {"min_ngram": n, "draft_len": d, "max_matches": m}
+        for n in (1, 2) for d in (3, 5, 8) for m in (1, 3)
     ],
     "lookahead": [
         {"window": w, "ngram": n, "guesses": g}
@@ -34,8 +35,9 @@ CANDIDATES: dict[str, list[dict]] = {
 class Trial(BaseModel):
     config: dict
     tau: float
-    mean_width: float
-    predicted_speedup: float  # τ / relative cost of the mean width, against ar's 1.0
+    mean_width: float  # tokens scored per decode step
+    mean_cost: float  # mean cost of a decode step relative to a 1-token forward
+    predicted_speedup: float  # τ / mean_cost, against ar's 1.0
 
 
 class Tuned(BaseModel):
@@ -59,10 +61,11 @@ def tune(
         runs = [engine.generate(ids, params, strategy, config) for ids in prompts]
         tokens = sum(len(r.output_ids) for r in runs)
         forwards = sum(r.forwards for r in runs)
-        width = sum(r.mean_width * r.forwards for r in runs) / forwards
+        widths = [w for r in runs for w in r.widths]
+        cost = sum(curve.relative(w) for w in widths) / len(widths)  # per step, vs ar's 1.0
         tau = tokens / forwards
-        trials.append(Trial(config=config, tau=tau, mean_width=width,
-                            predicted_speedup=tau / curve.relative(width)))
+        trials.append(Trial(config=config, tau=tau, mean_width=sum(widths) / len(widths),
+                            mean_cost=cost, predicted_speedup=tau / cost))
     best = max(trials, key=lambda t: t.predicted_speedup)
     return Tuned(strategy=strategy, device=curve.device, config=best.config, trials=trials)
 

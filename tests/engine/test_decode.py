@@ -122,6 +122,19 @@ def test_greedy_output_equals_ar(gate, config, model_name, n_prompt):
     assert got.tau == pytest.approx(MAX_NEW / got.forwards)
 
 
+@pytest.mark.parametrize("pad_width", [lambda k: k + 5, lambda k: -(-k // 8) * 8], ids=["+5", "x8"])
+@pytest.mark.parametrize("n_prompt", [1, 50])
+@pytest.mark.parametrize("config", ["pl-wide", "la-w3-n4-g3", "la-w5-n2-g4"])
+def test_padded_verify_width_equals_ar(gate, tokenizer, config, n_prompt, pad_width):
+    """Inert padding rows (the device's cheapest width) change nothing but the cost."""
+    ref = gate.run("mid", "ar", n_prompt)
+    strategy, cfg = CONFIGS[config]
+    engine = Engine(gate.models["mid"], tokenizer, frozenset(), pad_width)
+    got = engine.generate(make_prompt(n_prompt, 1), SamplingParams(max_new_tokens=MAX_NEW), strategy, cfg)
+    assert got.output_ids == ref.output_ids
+    assert got.tau > 1.0
+
+
 def test_speculation_is_not_vacuous(gate):
     """Drafts were accepted: the equality above is not trivially that of empty drafts."""
     taus = {(m, c, n): gate.run(m, c, n).tau for m in MODELS for c in CONFIGS for n in PROMPT_LENS}
