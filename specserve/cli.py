@@ -73,9 +73,9 @@ def cmd_generate(args) -> int:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
         top_k=args.top_k, seed=args.seed, stop=args.stop or [],
     )
-    from specserve.engine.cost import cost_curve_path, CostCurve
+    from specserve.engine.cost import CostCurve, cost_curve_path
     from specserve.engine.decode import Engine
-    from specserve.engine.tuning import tuned_path, Tuned
+    from specserve.engine.tuning import Tuned, tuned_path
 
     loaded = _load(args)
     config = parse_overrides(args.config, scoped=False)
@@ -138,7 +138,7 @@ def _tuned_methods(args, loaded, strategies: list[str], log):
 
 def cmd_tune(args) -> int:
     loaded = _load(args)
-    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    log = lambda m: print(m, file=sys.stderr, flush=True)
     _, _, choices, curve = _tuned_methods(args, loaded, args.strategies.split(","), log)
     print(json.dumps({"cost_curve_ms": curve.ms, "choices": choices}, indent=1))
     return 0
@@ -155,7 +155,7 @@ def cmd_bench(args) -> int:
     for b in baselines:
         if b not in bench.BASELINES:
             raise ValueError(f"baselines: unknown {b!r}; valid: {', '.join(bench.BASELINES)}")
-    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    log = lambda m: print(m, file=sys.stderr, flush=True)
     loaded = _load(args)
     engine, methods, choices, curve = _tuned_methods(args, loaded, names, log)
     methods.update({b: None for b in baselines})

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from pydantic import BaseModel
@@ -93,7 +92,7 @@ class Engine:
         self.pad_width = pad_width
 
     @classmethod
-    def from_loaded(cls, loaded, pad_width: Callable[[int], int] | None = None) -> "Engine":
+    def from_loaded(cls, loaded, pad_width: Callable[[int], int] | None = None) -> Engine:
         return cls(loaded.model, loaded.tokenizer, loaded.eos_token_ids, pad_width)
 
     def start(

@@ -75,7 +75,7 @@ class NGramPool:
         with self._lock:
             return [(k, list(v)) for k, v in self._entries.items()]
 
-    def merge(self, other: "NGramPool" | Iterable[tuple[Key, list[Continuation]]]) -> None:
+    def merge(self, other: NGramPool | Iterable[tuple[Key, list[Continuation]]]) -> None:
         entries = other.items() if isinstance(other, NGramPool) else other
         with self._lock:
             for key, conts in entries:

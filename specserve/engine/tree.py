@@ -32,7 +32,7 @@ class DraftTree:
         return len(self.tokens)
 
     @staticmethod
-    def from_chains(chains: list[list[int]]) -> "DraftTree":
+    def from_chains(chains: list[list[int]]) -> DraftTree:
         """Merge token chains into a trie; shared prefixes share nodes.
 
         >>> t = DraftTree.from_chains([[5, 6, 7], [5, 8], [9]])

@@ -6,8 +6,9 @@ verifier committed. Strategies are looked up by name; unknown names list the val
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel, ValidationError
 

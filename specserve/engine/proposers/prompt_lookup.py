@@ -21,7 +21,7 @@ class PromptLookupConfig(BaseModel):
     max_matches: int = Field(2, ge=1, description="distinct continuations (tree branches)")
 
     @model_validator(mode="after")
-    def _ngram_order(self) -> "PromptLookupConfig":
+    def _ngram_order(self) -> PromptLookupConfig:
         if self.min_ngram > self.max_ngram:
             raise ValueError("min_ngram must not exceed max_ngram")
         return self
