@@ -141,7 +141,9 @@ def _rate(rows) -> tuple[float, float]:
     return tokens / seconds if seconds else 0.0, tokens / forwards if forwards else 0.0
 
 
-def build_report(model_id, device, prompts, max_new_tokens, totals: dict[str, MethodTotals]) -> dict:
+def build_report(
+    model_id, device, prompts, max_new_tokens, totals: dict[str, MethodTotals]
+) -> dict:
     """{"model", "device", "prompts", "max_new_tokens", "results": {NAME: {"tok_s", "tau",
     "speedup_vs_hf_ar", "identical_to_ar", "by_task": {TASK: {"tok_s", "tau"}}}}}"""
     reference = totals.get("ar")
@@ -204,7 +206,9 @@ def plot_report(report: dict, path: Path) -> None:
     axes[1].set_title("τ (tokens per target forward)")
     for ax in axes:
         ax.tick_params(axis="x", rotation=30)
-    fig.suptitle(f"{report['model']} on {report['device']}, {report['prompts']} prompts, "
-                 f"{report['max_new_tokens']} new tokens")
+    fig.suptitle(
+        f"{report['model']} on {report['device']}, {report['prompts']} prompts, "
+        f"{report['max_new_tokens']} new tokens"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -70,8 +70,12 @@ def cmd_generate(args) -> int:
     from specserve.engine.sampling import SamplingParams
 
     params = SamplingParams(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-        top_k=args.top_k, seed=args.seed, stop=args.stop or [],
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=args.stop or [],
     )
     from specserve.engine.cost import CostCurve, cost_curve_path
     from specserve.engine.decode import Engine
@@ -116,8 +120,10 @@ def _tuned_methods(args, loaded, strategies: list[str], log):
     overrides = parse_overrides(getattr(args, "config", []), scoped=True)
     log("measuring / loading the device cost curve ...")
     curve = load_or_measure(loaded.model, loaded.model_id, cache_dir, remeasure=args.retune)
-    log("cost of a k-token verify forward (ms): "
-        + ", ".join(f"{k}: {v:.1f}" for k, v in sorted(curve.ms.items())))
+    log(
+        "cost of a k-token verify forward (ms): "
+        + ", ".join(f"{k}: {v:.1f}" for k, v in sorted(curve.ms.items()))
+    )
     engine = Engine.from_loaded(loaded, curve.padded_width)
     prompts = [encode_prompt(loaded.tokenizer, p) for p in calibration_prompts()]
     methods, choices = {}, {}
@@ -130,9 +136,11 @@ def _tuned_methods(args, loaded, strategies: list[str], log):
         methods[name] = tuned.config
         choices[name] = tuned.model_dump()
         best = max(tuned.trials, key=lambda t: t.predicted_speedup)
-        log(f"  {name}: {tuned.config} (calibration tau {best.tau:.2f}, width "
+        log(
+            f"  {name}: {tuned.config} (calibration tau {best.tau:.2f}, width "
             f"{best.mean_width:.1f}, step cost {best.mean_cost:.2f}x, predicted "
-            f"{best.predicted_speedup:.2f}x over ar)")
+            f"{best.predicted_speedup:.2f}x over ar)"
+        )
     return engine, methods, choices, curve
 
 
@@ -214,8 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=None)
     gen.set_defaults(func=cmd_generate)
 
-    for name, func, helptext in (("tune", cmd_tune, "measure the cost curve, pick draft sizes"),
-                                 ("bench", cmd_bench, "benchmark against transformers")):
+    for name, func, helptext in (
+        ("tune", cmd_tune, "measure the cost curve, pick draft sizes"),
+        ("bench", cmd_bench, "benchmark against transformers"),
+    ):
         p = sub.add_parser(name, help=helptext)
         _add_model_args(p)
         p.add_argument("--strategies", default="ar,prompt_lookup,lookahead")

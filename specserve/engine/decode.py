@@ -82,7 +82,11 @@ class Engine:
     """Decodes requests on one loaded model; holds no per-request state itself."""
 
     def __init__(
-        self, model, tokenizer, eos_ids: frozenset[int], pad_width: Callable[[int], int] | None = None
+        self,
+        model,
+        tokenizer,
+        eos_ids: frozenset[int],
+        pad_width: Callable[[int], int] | None = None,
     ) -> None:
         """`pad_width(k)`: the verify width to run k decode tokens at (the device's cheapest
         width >= k, from its cost curve); None runs exactly k."""

@@ -53,7 +53,9 @@ class NGramPool:
         if len(conts) > self.max_per_key:
             conts.popitem(last=False)
 
-    def add_ngrams(self, tokens: Sequence[int], key_len: int, cont_len: int, start: int = 0) -> None:
+    def add_ngrams(
+        self, tokens: Sequence[int], key_len: int, cont_len: int, start: int = 0
+    ) -> None:
         """Add every n-gram of `tokens` (n = key_len + cont_len) that starts at or after `start`."""
         n = key_len + cont_len
         with self._lock:

@@ -20,13 +20,23 @@ CANDIDATES: dict[str, list[dict]] = {
     "ar": [{}],
     "prompt_lookup": [
         {"min_ngram": n, "draft_len": d, "max_matches": m}
-        for n in (1, 2) for d in (3, 5, 8) for m in (1, 3)
+        for n in (1, 2)
+        for d in (3, 5, 8)
+        for m in (1, 3)
     ],
     "lookahead": [
         {"window": w, "ngram": n, "guesses": g}
         for (w, n, g) in [
-            (2, 3, 2), (3, 3, 3), (4, 3, 4), (3, 4, 3), (5, 4, 5),
-            (6, 4, 6), (7, 5, 7), (10, 5, 10), (15, 5, 15), (20, 7, 20),
+            (2, 3, 2),
+            (3, 3, 3),
+            (4, 3, 4),
+            (3, 4, 3),
+            (5, 4, 5),
+            (6, 4, 6),
+            (7, 5, 7),
+            (10, 5, 10),
+            (15, 5, 15),
+            (20, 7, 20),
         ]
     ],
 }
@@ -64,8 +74,15 @@ def tune(
         widths = [w for r in runs for w in r.widths]
         cost = sum(curve.relative(w) for w in widths) / len(widths)  # per step, vs ar's 1.0
         tau = tokens / forwards
-        trials.append(Trial(config=config, tau=tau, mean_width=sum(widths) / len(widths),
-                            mean_cost=cost, predicted_speedup=tau / cost))
+        trials.append(
+            Trial(
+                config=config,
+                tau=tau,
+                mean_width=sum(widths) / len(widths),
+                mean_cost=cost,
+                predicted_speedup=tau / cost,
+            )
+        )
     best = max(trials, key=lambda t: t.predicted_speedup)
     return Tuned(strategy=strategy, device=curve.device, config=best.config, trials=trials)
 

@@ -51,17 +51,33 @@ def test_ar_matches_hf_generate(loaded):
     ours = Engine.from_loaded(loaded).generate(ids, SamplingParams(max_new_tokens=32), "ar")
     with torch.inference_mode():
         ref = loaded.model.generate(
-            torch.tensor([ids]), max_new_tokens=32, do_sample=False,
-            eos_token_id=sorted(loaded.eos_token_ids), pad_token_id=2,
+            torch.tensor([ids]),
+            max_new_tokens=32,
+            do_sample=False,
+            eos_token_id=sorted(loaded.eos_token_ids),
+            pad_token_id=2,
         )
-    assert ours.output_ids == ref[0, len(ids):].tolist()
+    assert ours.output_ids == ref[0, len(ids) :].tolist()
 
 
 def test_cli_generate_streams(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "specserve.cli", "generate", "--prompt", "What is 2 + 2?",
-         "--strategy", "lookahead", "--max-new-tokens", "24"],
-        capture_output=True, text=True, timeout=300, check=True,
+        [
+            sys.executable,
+            "-m",
+            "specserve.cli",
+            "generate",
+            "--prompt",
+            "What is 2 + 2?",
+            "--strategy",
+            "lookahead",
+            "--max-new-tokens",
+            "24",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     assert out.stdout.strip()
     assert "tau" in out.stderr

@@ -130,7 +130,9 @@ def test_padded_verify_width_equals_ar(gate, tokenizer, config, n_prompt, pad_wi
     ref = gate.run("mid", "ar", n_prompt)
     strategy, cfg = CONFIGS[config]
     engine = Engine(gate.models["mid"], tokenizer, frozenset(), pad_width)
-    got = engine.generate(make_prompt(n_prompt, 1), SamplingParams(max_new_tokens=MAX_NEW), strategy, cfg)
+    got = engine.generate(
+        make_prompt(n_prompt, 1), SamplingParams(max_new_tokens=MAX_NEW), strategy, cfg
+    )
     assert got.output_ids == ref.output_ids
     assert got.tau > 1.0
 

@@ -47,7 +47,7 @@ def window_layout(window: int, levels: int) -> tuple[list[int], torch.Tensor]:
         for col in range(window):
             row = lvl * window + col
             offsets.append(1 + col + lvl)
-            visible[row, :col + 1] = True  # level 0, columns 0..col
+            visible[row, : col + 1] = True  # level 0, columns 0..col
             for up in range(1, lvl + 1):
                 visible[row, up * window + col] = True  # levels 1..lvl of this column
     return offsets, visible
@@ -56,7 +56,11 @@ def window_layout(window: int, levels: int) -> tuple[list[int], torch.Tensor]:
 class LookaheadProposer:
     def __init__(self, config: LookaheadConfig, ctx: ProposerContext) -> None:
         self.config = config
-        self.pool = ctx.pool if ctx.pool is not None else NGramPool(config.pool_max_keys, config.pool_max_per_key)
+        self.pool = (
+            ctx.pool
+            if ctx.pool is not None
+            else NGramPool(config.pool_max_keys, config.pool_max_per_key)
+        )
         self._cont_len = config.ngram - config.key_len
         if self._cont_len < 1:
             raise ValueError("lookahead: ngram must exceed key_len")
