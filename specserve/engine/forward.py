@@ -78,12 +78,15 @@ def verify_forward(
     """Run the target once; the cache grows by max(len(pending) + len(tree) + len(aux), pad_to)."""
     inputs = build_inputs(past, pending, draft, pad_to)
     device = model.device
-    mask = torch.zeros(inputs.allowed.shape, dtype=model.dtype, device=device)
-    mask.masked_fill_(~inputs.allowed.to(device), torch.finfo(model.dtype).min)
+    mask = None  # a single query row sees everything: the model's own (causal) path is exact
+    if inputs.input_ids.shape[1] > 1:
+        mask = torch.zeros(inputs.allowed.shape, dtype=model.dtype, device=device)
+        mask.masked_fill_(~inputs.allowed.to(device), torch.finfo(model.dtype).min)
+        mask = mask[None, None]  # [1, 1, q, past + q]
     out = model(
         input_ids=inputs.input_ids.to(device),
         position_ids=inputs.position_ids.to(device),
-        attention_mask=mask[None, None],  # [1, 1, q, past + q]
+        attention_mask=mask,
         **kv_cache.cache_kwargs(model, cache),
         use_cache=True,
         logits_to_keep=inputs.logit_rows.to(device),
