@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel
 
-from specserve.engine import kv_cache
+from specserve.engine import hf_internals
 from specserve.engine.forward import verify_forward
 from specserve.engine.tree import Draft, DraftTree
 
@@ -65,7 +65,7 @@ def measure_cost_curve(
     """
     vocab = model.config.vocab_size
     prefix = [(7 * i + 3) % vocab for i in range(context)]
-    cache = kv_cache.new_cache(model.config)
+    cache = hf_internals.new_cache(model.config)
     verify_forward(model, cache, 0, prefix[:-1], Draft())
     times: dict[int, list[float]] = {k: [] for k in sizes}
     for _ in range(repeats + 1):
@@ -76,7 +76,7 @@ def measure_cost_curve(
             verify_forward(model, cache, context - 1, prefix[-1:], Draft(chain))
             _sync(model.device)
             times[k].append(time.perf_counter() - start)
-            kv_cache.keep_rows(cache, context - 1, [])
+            hf_internals.keep_rows(cache, context - 1, [])
     ms = {k: round(statistics.median(t[1:]) * 1000, 3) for k, t in times.items()}
     return CostCurve(
         model_id=model_id, device=str(model.device), dtype=str(model.dtype), context=context, ms=ms

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from pydantic import BaseModel
 
-from specserve.engine import kv_cache
+from specserve.engine import hf_internals
 from specserve.engine.forward import verify_forward
 from specserve.engine.ngram_pool import NGramPool
 from specserve.engine.proposers import REGISTRY, Proposer, ProposerContext
@@ -121,7 +121,7 @@ class Engine:
             prompt_len=len(prompt_ids),
             tokens=list(prompt_ids),
             pending=list(prompt_ids),
-            cache=kv_cache.new_cache(self.model.config),
+            cache=hf_internals.new_cache(self.model.config),
             generator=generator,
             text=TextStream(self.tokenizer, params.stop),
             eos_ids=frozenset() if params.ignore_eos else self.eos_ids,
@@ -130,7 +130,7 @@ class Engine:
     def step(self, state: RequestState) -> StepResult:
         """One target forward: propose a draft, verify it, commit the accepted path + bonus."""
         draft = state.proposer.propose(state.tokens)
-        past = kv_cache.cache_length(state.cache)
+        past = hf_internals.cache_length(state.cache)
         width = len(state.pending) + len(draft.tree) + (len(draft.aux) if draft.aux else 0)
         pad_to = self.pad_width(width) if self.pad_width and len(state.pending) == 1 else 0
         out = verify_forward(self.model, state.cache, past, state.pending, draft, pad_to)
@@ -143,7 +143,7 @@ class Engine:
         else:
             probs = target_probs(out.tree_logits, state.params).cpu()
             accepted, bonus = sample_accept(draft.tree, probs, state.generator)
-        kv_cache.keep_rows(state.cache, past + len(state.pending), accepted)
+        hf_internals.keep_rows(state.cache, past + len(state.pending), accepted)
         new_ids = self._commit(state, [draft.tree.tokens[i] for i in accepted] + [bonus])
         state.proposer.observe(draft, out.aux_tokens, state.tokens)
         return StepResult(new_ids, self._stream_text(state, new_ids))

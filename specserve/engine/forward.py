@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specserve.engine import kv_cache
+from specserve.engine import hf_internals
 from specserve.engine.tree import Draft
 
 
@@ -87,7 +87,7 @@ def verify_forward(
         input_ids=inputs.input_ids.to(device),
         position_ids=inputs.position_ids.to(device),
         attention_mask=mask,
-        **kv_cache.cache_kwargs(model, cache),
+        **hf_internals.cache_kwargs(model, cache),
         use_cache=True,
         logits_to_keep=inputs.logit_rows.to(device),
     )

@@ -29,6 +29,8 @@ import torch
 import transformers
 import yaml
 
+from specserve.engine import hf_internals
+
 __all__ = [
     "CatalogEntry",
     "LoadedModel",
@@ -290,29 +292,6 @@ def _download_gguf(entry: CatalogEntry, downloads: Path, progress: Callable[[str
     return dest
 
 
-def _strip_quantizer(model: transformers.PreTrainedModel) -> None:
-    """Turn a dequantized GGUF-loaded model into a plain one (savable, castable).
-
-    transformers refuses save_pretrained while `hf_quantizer` is set, and a saved
-    `quantization_config` (quant_method gguf) would make the reload go through the GGUF quantizer.
-    """
-    for attr in ("hf_quantizer", "quantization_method", "_weight_conversions"):
-        if attr in model.__dict__:
-            delattr(model, attr)
-        elif hasattr(model, attr):
-            with contextlib.suppress(AttributeError):
-                setattr(model, attr, None)
-    if hasattr(model, "is_quantized"):
-        with contextlib.suppress(AttributeError):
-            model.is_quantized = False
-    cfg = model.config
-    if hasattr(cfg, "quantization_config"):
-        with contextlib.suppress(AttributeError):
-            delattr(cfg, "quantization_config")
-    if getattr(cfg, "_is_quantized", False):
-        cfg._is_quantized = False
-
-
 def _as_id_list(value: Any) -> list[int]:
     if value is None:
         return []
@@ -339,7 +318,7 @@ def _convert(
         )
     except Exception as e:
         raise ModelLoadError(f"cannot load GGUF {gguf} for model {entry.name!r}: {e}") from e
-    _strip_quantizer(model)
+    hf_internals.strip_quantizer(model)
 
     eos = _as_id_list(model.generation_config.eos_token_id)
     for t in entry.eos_tokens:
@@ -548,7 +527,7 @@ def _load_gguf(path: Path, dev: torch.device, dt: torch.dtype) -> LoadedModel:
         )
     except Exception as e:
         raise ModelLoadError(f"cannot load GGUF file {path}: {type(e).__name__}: {e}") from e
-    _strip_quantizer(model)
+    hf_internals.strip_quantizer(model)
     return _finish(model, tok, str(path), dev, dt, str(path))
 
 

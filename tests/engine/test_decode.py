@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from specserve.engine import kv_cache
+from specserve.engine import hf_internals
 from specserve.engine.decode import Engine, GenerationResult
 from specserve.engine.ngram_pool import NGramPool
 from specserve.engine.proposers import REGISTRY
@@ -151,13 +151,13 @@ def test_speculation_is_not_vacuous(gate):
 def test_tree_paths_are_exercised(gate, monkeypatch):
     """Accepted paths include partial ones and non-first branches (gathered cache rows)."""
     seen: list[tuple[int, ...]] = []
-    real = kv_cache.keep_rows
+    real = hf_internals.keep_rows
 
     def spy(cache, start, rows):
         seen.append(tuple(rows))
         return real(cache, start, rows)
 
-    monkeypatch.setattr(kv_cache, "keep_rows", spy)
+    monkeypatch.setattr(hf_internals, "keep_rows", spy)
     for model_name in ("mid", "wander"):
         for config in ("pl-wide", "la-w4-n5-g5"):
             for n in (7, 50):

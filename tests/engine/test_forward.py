@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from specserve.engine import kv_cache
+from specserve.engine import hf_internals
 from specserve.engine.forward import build_inputs, verify_forward
 from specserve.engine.proposers.lookahead import window_layout
 from specserve.engine.tree import AuxBranch, Draft, DraftTree
@@ -117,19 +117,19 @@ def test_tree_and_aux_logits_equal_plain_forwards(
             visible=visible,
             logit_rows=tuple(range(n_aux)),  # read every aux row, not just the top level
         )
-    cache = kv_cache.new_cache(model.config)
+    cache = hf_internals.new_cache(model.config)
     if n_cached:
         with torch.inference_mode():
             model(
                 input_ids=torch.tensor([prompt[:n_cached]]),
-                **kv_cache.cache_kwargs(model, cache),
+                **hf_internals.cache_kwargs(model, cache),
                 use_cache=True,
             )
     with _capture_logits(model) as seen:
         out = verify_forward(model, cache, n_cached, prompt[n_cached:], Draft(tree, aux))
     n = len(tree)
     assert out.tree_logits.shape == (n + 1, vocab)
-    assert kv_cache.cache_length(cache) == n_prompt + n + (len(aux) if aux else 0)
+    assert hf_internals.cache_length(cache) == n_prompt + n + (len(aux) if aux else 0)
 
     # root = last prompt token; node i = prompt + its path
     expected = [_plain_last_logits(model, prompt)]
@@ -162,7 +162,7 @@ def test_aux_tokens_are_argmax_at_the_top_level(model):
     offsets, visible = window_layout(3, 2)
     toks = tuple(rng.randrange(96) for _ in range(6))
     aux = AuxBranch(toks, tuple(offsets), visible, (3, 4, 5))
-    cache = kv_cache.new_cache(model.config)
+    cache = hf_internals.new_cache(model.config)
     out = verify_forward(model, cache, 0, prompt, Draft(DraftTree.from_chains([[1, 2]]), aux))
     want = [
         int(_plain_last_logits(model, prompt + _aux_context(aux, r)).argmax()) for r in (3, 4, 5)

@@ -1,11 +1,11 @@
-"""Every touch of transformers' KV-cache internals lives here (pinned by tests/engine/test_kv_cache.py).
-
-A cache holds one entry per committed position; after a tree forward, `keep_rows` moves the
-accepted nodes' entries into place and drops the rest.
+"""Every touch of transformers internals lives here, pinned by tests/engine/test_hf_internals.py:
+the KV cache (one entry per committed position; `keep_rows` keeps the accepted nodes' entries and
+drops the rest) and the quantizer marker a GGUF-loaded model carries.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 
@@ -52,3 +52,26 @@ def keep_rows(cache: DynamicCache, start: int, rows: list[int]) -> None:
     drop = total - (start + len(rows))
     if drop > 0:
         cache.crop(-drop)
+
+
+def strip_quantizer(model) -> None:
+    """Turn a dequantized GGUF-loaded model into a plain one (savable, castable).
+
+    transformers refuses save_pretrained while `hf_quantizer` is set, and a saved
+    `quantization_config` (quant_method gguf) would make the reload go through the GGUF quantizer.
+    """
+    for attr in ("hf_quantizer", "quantization_method", "_weight_conversions"):
+        if attr in model.__dict__:
+            delattr(model, attr)
+        elif hasattr(model, attr):
+            with contextlib.suppress(AttributeError):
+                setattr(model, attr, None)
+    if hasattr(model, "is_quantized"):
+        with contextlib.suppress(AttributeError):
+            model.is_quantized = False
+    cfg = model.config
+    if hasattr(cfg, "quantization_config"):
+        with contextlib.suppress(AttributeError):
+            delattr(cfg, "quantization_config")
+    if getattr(cfg, "_is_quantized", False):
+        cfg._is_quantized = False

@@ -1,4 +1,4 @@
-"""Pins the transformers KV-cache internals specserve.engine.kv_cache relies on."""
+"""Pins the transformers internals specserve.engine.hf_internals relies on (cache, quantizer)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specserve.engine import kv_cache
+from specserve.engine import hf_internals
 from specserve.engine.forward import verify_forward
 from specserve.engine.tree import Draft, DraftTree
 
@@ -18,10 +18,10 @@ ATOL = 1e-5
 @torch.inference_mode()
 def _filled(model, tokens: list[int]) -> DynamicCache:
     """A fresh cache holding `tokens`, computed by a plain causal forward."""
-    cache = kv_cache.new_cache(model.config)
+    cache = hf_internals.new_cache(model.config)
     model(
         input_ids=torch.tensor([tokens]),
-        **kv_cache.cache_kwargs(model, cache),
+        **hf_internals.cache_kwargs(model, cache),
         use_cache=True,
     )
     return cache
@@ -32,7 +32,7 @@ def _kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _assert_same_cache(a, b):
-    assert kv_cache.cache_length(a) == kv_cache.cache_length(b)
+    assert hf_internals.cache_length(a) == hf_internals.cache_length(b)
     for (ka, va), (kb, vb) in zip(_kv(a), _kv(b), strict=True):
         assert ka.shape == kb.shape
         assert torch.allclose(ka, kb, atol=ATOL), (ka - kb).abs().max()
@@ -41,23 +41,23 @@ def _assert_same_cache(a, b):
 
 def test_dynamic_cache_layout(model):
     cfg = model.config
-    cache = kv_cache.new_cache(cfg)
+    cache = hf_internals.new_cache(cfg)
     assert isinstance(cache, DynamicCache)
-    assert kv_cache.cache_length(cache) == 0
+    assert hf_internals.cache_length(cache) == 0
     cache = _filled(model, list(range(11)))
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     assert len(cache.layers) == cfg.num_hidden_layers
     for layer in cache.layers:
         assert layer.keys.shape == (1, cfg.num_key_value_heads, 11, head_dim)
         assert layer.values.shape == (1, cfg.num_key_value_heads, 11, head_dim)
-    assert kv_cache.cache_length(cache) == 11
+    assert hf_internals.cache_length(cache) == 11
 
 
 def test_crop_negative_removes_from_the_end(model):
     cache = _filled(model, list(range(11)))
     before = _kv(cache)
     cache.crop(-3)
-    assert kv_cache.cache_length(cache) == 8
+    assert hf_internals.cache_length(cache) == 8
     for (k0, v0), layer in zip(before, cache.layers):
         assert layer.keys.shape[2] == 8
         assert torch.equal(layer.keys, k0[:, :, :8])
@@ -66,30 +66,32 @@ def test_crop_negative_removes_from_the_end(model):
 
 
 def test_cache_kwargs_picks_an_accepted_keyword(model):
-    kwargs = kv_cache.cache_kwargs(model, "sentinel")
+    kwargs = hf_internals.cache_kwargs(model, "sentinel")
     assert len(kwargs) == 1
     ((name, value),) = kwargs.items()
     assert value == "sentinel"
     assert name in inspect.signature(type(model).forward).parameters
     assert name in {"cache", "past_key_values"}
     # and the model really writes into the cache passed that way
-    cache = kv_cache.new_cache(model.config)
+    cache = hf_internals.new_cache(model.config)
     with torch.inference_mode():
         model(
             input_ids=torch.tensor([[1, 2, 3]]),
-            **kv_cache.cache_kwargs(model, cache),
+            **hf_internals.cache_kwargs(model, cache),
             use_cache=True,
         )
-        assert kv_cache.cache_length(cache) == 3
-        model(input_ids=torch.tensor([[4]]), **kv_cache.cache_kwargs(model, cache), use_cache=True)
-    assert kv_cache.cache_length(cache) == 4
+        assert hf_internals.cache_length(cache) == 3
+        model(
+            input_ids=torch.tensor([[4]]), **hf_internals.cache_kwargs(model, cache), use_cache=True
+        )
+    assert hf_internals.cache_length(cache) == 4
 
 
 def test_keep_rows_docstring_example(model):
     cache = _filled(model, list(range(10)))
     before = _kv(cache)
-    kv_cache.keep_rows(cache, 6, [0, 2])
-    assert kv_cache.cache_length(cache) == 8
+    hf_internals.keep_rows(cache, 6, [0, 2])
+    assert hf_internals.cache_length(cache) == 8
     for (k0, v0), layer in zip(before, cache.layers):
         assert torch.equal(layer.keys[:, :, :7], k0[:, :, :7])
         assert torch.equal(layer.keys[:, :, 7], k0[:, :, 8])
@@ -100,7 +102,7 @@ def test_keep_rows_docstring_example(model):
 def test_keep_rows_contiguous_equals_recompute(model, keep):
     tokens = [5, 9, 2, 77, 3, 3, 40, 8, 1, 60]
     cache = _filled(model, tokens)
-    kv_cache.keep_rows(cache, 6, list(range(keep)))
+    hf_internals.keep_rows(cache, 6, list(range(keep)))
     _assert_same_cache(cache, _filled(model, tokens[: 6 + keep]))
 
 
@@ -137,6 +139,29 @@ def test_keep_rows_after_tree_forward_equals_recompute(model, chains, path_token
     past_tokens, pending = PREFIX[:5], PREFIX[5:]
     cache = _filled(model, past_tokens)
     verify_forward(model, cache, len(past_tokens), pending, Draft(tree, aux))
-    assert kv_cache.cache_length(cache) == len(PREFIX) + len(tree) + (len(aux) if aux else 0)
-    kv_cache.keep_rows(cache, len(PREFIX), rows)
+    assert hf_internals.cache_length(cache) == len(PREFIX) + len(tree) + (len(aux) if aux else 0)
+    hf_internals.keep_rows(cache, len(PREFIX), rows)
     _assert_same_cache(cache, _filled(model, PREFIX + path_tokens))
+
+
+def test_strip_quantizer_makes_a_gguf_marked_model_savable(tmp_path):
+    """transformers refuses save_pretrained while a quantizer is attached (as after GGUF loading);
+    strip_quantizer removes it and the saved config carries no quantization_config."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    model = LlamaForCausalLM(config)
+    model.config.quantization_config = {"quant_method": "gguf", "dequantize": False}
+    hf_internals.strip_quantizer(model)
+    assert not hasattr(model.config, "quantization_config")
+    assert getattr(model, "hf_quantizer", None) is None
+    model.save_pretrained(tmp_path)
+    saved = (tmp_path / "config.json").read_text()
+    assert "quantization_config" not in saved
