@@ -132,7 +132,7 @@ def _tuned_methods(args, loaded, strategies: list[str], log):
             methods[name] = overrides.get(name, {})
             continue
         log(f"tuning {name} on calibration prompts (cached after the first run) ...")
-        tuned = load_or_tune(engine, name, curve, prompts, cache_dir, retune=args.retune)
+        tuned = load_or_tune(engine, name, curve, prompts, cache_dir, args.retune, log)
         methods[name] = tuned.config
         choices[name] = tuned.model_dump()
         best = max(tuned.trials, key=lambda t: t.predicted_speedup)

@@ -8,6 +8,7 @@ width. The choice and the whole table are cached per model, device and dtype.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -19,14 +20,18 @@ from specserve.engine.sampling import SamplingParams
 CANDIDATES: dict[str, list[dict]] = {
     "ar": [{}],
     "prompt_lookup": [
-        {"min_ngram": n, "draft_len": d, "max_matches": m}
+        {"min_ngram": n, "draft_len": d, "max_draft_len": top, "max_matches": m}
         for n in (1, 2)
-        for d in (3, 5, 8)
+        for d in (3, 5)
+        for top in (0, 16)
         for m in (1, 3)
     ],
     "lookahead": [
         {"window": w, "ngram": n, "guesses": g}
         for (w, n, g) in [
+            (1, 2, 1),
+            (2, 2, 2),
+            (2, 3, 1),
             (2, 3, 2),
             (3, 3, 3),
             (4, 3, 4),
@@ -64,10 +69,12 @@ def tune(
     prompts: list[list[int]],
     max_new_tokens: int = 48,
     candidates: list[dict] | None = None,
+    log: Callable[[str], object] = lambda msg: None,
 ) -> Tuned:
     params = SamplingParams(max_new_tokens=max_new_tokens)
     trials = []
-    for config in candidates or CANDIDATES.get(strategy, [{}]):
+    grid = candidates or CANDIDATES.get(strategy, [{}])
+    for i, config in enumerate(grid, 1):
         runs = [engine.generate(ids, params, strategy, config) for ids in prompts]
         tokens = sum(len(r.output_ids) for r in runs)
         forwards = sum(r.forwards for r in runs)
@@ -83,6 +90,7 @@ def tune(
                 predicted_speedup=tau / cost,
             )
         )
+        log(f"  [{i}/{len(grid)}] {strategy} {config}: tau {tau:.2f}, step cost {cost:.2f}x")
     best = max(trials, key=lambda t: t.predicted_speedup)
     return Tuned(strategy=strategy, device=curve.device, config=best.config, trials=trials)
 
@@ -92,11 +100,13 @@ def tuned_path(cache_dir: Path, curve: CostCurve, strategy: str) -> Path:
     return Path(cache_dir) / "tuned" / f"{stem}-{strategy}.json"
 
 
-def load_or_tune(engine, strategy, curve, prompts, cache_dir: Path, retune=False) -> Tuned:
+def load_or_tune(
+    engine, strategy, curve, prompts, cache_dir: Path, retune=False, log=lambda msg: None
+) -> Tuned:
     path = tuned_path(cache_dir, curve, strategy)
     if path.exists() and not retune:
         return Tuned.model_validate(json.loads(path.read_text()))
-    tuned = tune(engine, strategy, curve, prompts)
+    tuned = tune(engine, strategy, curve, prompts, log=log)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(tuned.model_dump_json(indent=1))
     return tuned

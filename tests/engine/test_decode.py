@@ -40,6 +40,10 @@ CONFIGS = {
         "prompt_lookup",
         {"max_ngram": 5, "min_ngram": 2, "draft_len": 3, "max_matches": 3},
     ),
+    "pl-adaptive": (
+        "prompt_lookup",
+        {"min_ngram": 2, "draft_len": 2, "max_draft_len": 12, "max_matches": 3},
+    ),
     "la-default": ("lookahead", {}),
     "la-w1-n2-g0": ("lookahead", {"window": 1, "ngram": 2, "guesses": 0}),
     "la-w2-n3-g1": ("lookahead", {"window": 2, "ngram": 3, "guesses": 1}),

@@ -1,7 +1,8 @@
 """`prompt_lookup`: draft the continuation of earlier occurrences of the last n tokens.
 
 Searches prompt and generated text (longest n first, most recent match first); several distinct
-continuations become branches of one tree.
+continuations become branches of one tree. The draft length adapts: +2 after a draft is accepted
+whole, -1 after a miss, between `draft_len` and `max_draft_len`.
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ class PromptLookupConfig(BaseModel):
 
     max_ngram: int = Field(3, ge=1, description="longest suffix to match")
     min_ngram: int = Field(1, ge=1, description="shortest suffix to match")
-    draft_len: int = Field(6, ge=1, description="tokens drafted per match")
+    draft_len: int = Field(6, ge=1, description="tokens drafted per match (the floor)")
+    max_draft_len: int = Field(0, ge=0, description="adaptive ceiling; 0 keeps draft_len fixed")
     max_matches: int = Field(2, ge=1, description="distinct continuations (tree branches)")
 
     @model_validator(mode="after")
-    def _ngram_order(self) -> PromptLookupConfig:
+    def _check_order(self) -> PromptLookupConfig:
         if self.min_ngram > self.max_ngram:
             raise ValueError("min_ngram must not exceed max_ngram")
+        if self.max_draft_len and self.max_draft_len < self.draft_len:
+            raise ValueError("max_draft_len must be 0 or at least draft_len")
         return self
 
 
@@ -34,6 +38,8 @@ class PromptLookupProposer:
         self.config = config
         self._index: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0  # tokens[: _indexed] are in the index
+        self.draft_len = config.draft_len  # current, adaptive length
+        self._proposed_at = 0  # len(tokens) when the last draft was made
 
     def _extend_index(self, tokens: list[int]) -> None:
         lo, hi = self.config.min_ngram, self.config.max_ngram
@@ -44,11 +50,12 @@ class PromptLookupProposer:
 
     def propose(self, tokens: list[int]) -> Draft:
         self._extend_index(tokens)
+        self._proposed_at = len(tokens)
         cfg = self.config
         chains: list[list[int]] = []
         for n in range(min(cfg.max_ngram, len(tokens)), cfg.min_ngram - 1, -1):
             for start in reversed(self._index.get(tuple(tokens[-n:]), [])):
-                chain = tokens[start : start + cfg.draft_len]
+                chain = tokens[start : start + self.draft_len]
                 if chain and chain not in chains:
                     chains.append(chain)
                 if len(chains) == cfg.max_matches:
@@ -56,7 +63,14 @@ class PromptLookupProposer:
         return Draft(DraftTree.from_chains(chains))
 
     def observe(self, draft: Draft, aux_tokens: list[int], tokens: list[int]) -> None:
-        pass  # the index catches up lazily in propose
+        """Adapt the draft length; the index catches up lazily in propose."""
+        if not draft.tree or not self.config.max_draft_len:
+            return
+        accepted = len(tokens) - self._proposed_at - 1  # committed minus the bonus token
+        if accepted >= max(draft.tree.depths):
+            self.draft_len = min(self.draft_len + 2, self.config.max_draft_len)
+        else:
+            self.draft_len = max(self.draft_len - 1, self.config.draft_len)
 
 
 def _build(config: PromptLookupConfig, ctx: ProposerContext) -> PromptLookupProposer:

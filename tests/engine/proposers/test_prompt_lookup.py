@@ -111,3 +111,40 @@ def test_registry_and_config_validation():
         REGISTRY.config("prompt_lookup", {"draft_len": 0})
     with pytest.raises(ValueError, match="nonsense"):
         REGISTRY.config("prompt_lookup", {"nonsense": 1})
+
+
+def test_adaptive_draft_length_grows_on_full_acceptance_and_shrinks_on_miss():
+    tokens = list(range(40)) + list(range(10))  # the suffix repeats the start: long matches
+    proposer = PromptLookupProposer(
+        PromptLookupConfig(min_ngram=2, draft_len=3, max_draft_len=8, max_matches=1)
+    )
+    draft = proposer.propose(tokens)
+    assert max(draft.tree.depths) == 3
+    tokens += list(range(10, 14))  # all 3 drafted tokens accepted + bonus
+    proposer.observe(draft, [], tokens)
+    assert proposer.draft_len == 5
+    draft = proposer.propose(tokens)
+    assert max(draft.tree.depths) == 5
+    tokens += list(range(14, 20))
+    proposer.observe(draft, [], tokens)
+    assert proposer.draft_len == 7
+    tokens += [20]  # nothing accepted: only the bonus token
+    proposer.observe(proposer.propose(tokens[:-1]), [], tokens)
+    assert proposer.draft_len == 6
+    for _ in range(10):
+        tokens += [999]
+        proposer.observe(proposer.propose(tokens[:-1]), [], tokens)
+    assert proposer.draft_len >= 3  # never below the floor
+
+
+def test_fixed_draft_length_without_ceiling():
+    proposer = PromptLookupProposer(PromptLookupConfig(draft_len=3))
+    tokens = list(range(20)) + list(range(5))
+    draft = proposer.propose(tokens)
+    proposer.observe(draft, [], tokens + [5, 6, 7, 8])
+    assert proposer.draft_len == 3
+
+
+def test_ceiling_below_floor_is_rejected():
+    with pytest.raises(ValueError, match="max_draft_len"):
+        PromptLookupConfig(draft_len=5, max_draft_len=3)
