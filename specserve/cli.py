@@ -193,7 +193,16 @@ def _device_name(device) -> str:
 
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    model_name = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [
+            ln.split(":", 1)[1].strip()
+            for ln in cpuinfo.read_text().splitlines()
+            if ln.startswith("model name")
+        ]
+        model_name = names[0] if names else model_name
+    return f"cpu ({model_name}, {torch.get_num_threads()} threads)"
 
 
 def build_parser() -> argparse.ArgumentParser:

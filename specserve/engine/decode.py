@@ -110,6 +110,12 @@ class Engine:
         params = params or SamplingParams()
         if not prompt_ids:
             raise ValueError("prompt: must not be empty")
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit and len(prompt_ids) + params.max_new_tokens > limit:
+            raise ValueError(
+                f"prompt: {len(prompt_ids)} tokens + max_new_tokens {params.max_new_tokens} "
+                f"exceed the model's context of {limit} positions"
+            )
         cfg = REGISTRY.config(strategy, config)
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**31)
         ctx = ProposerContext(list(prompt_ids), self.model.config.vocab_size, seed, pool)

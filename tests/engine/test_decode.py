@@ -414,6 +414,13 @@ def test_empty_prompt_names_prompt(gate):
             gate.engine("mid").generate([], SamplingParams(max_new_tokens=2), strategy)
 
 
+def test_prompt_beyond_the_context_is_refused(gate):
+    limit = gate.models["mid"].config.max_position_embeddings
+    with pytest.raises(ValueError, match="prompt: .* exceed the model's context"):
+        gate.engine("mid").start([1] * (limit - 3), SamplingParams(max_new_tokens=4))
+    gate.engine("mid").start([1] * (limit - 4), SamplingParams(max_new_tokens=4))  # fits exactly
+
+
 @pytest.mark.parametrize(
     "strategy, bad",
     [
