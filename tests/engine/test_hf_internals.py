@@ -144,24 +144,13 @@ def test_keep_rows_after_tree_forward_equals_recompute(model, chains, path_token
     _assert_same_cache(cache, _filled(model, PREFIX + path_tokens))
 
 
-def test_strip_quantizer_makes_a_gguf_marked_model_savable(tmp_path):
+def test_strip_quantizer_makes_a_gguf_marked_model_savable(tmp_path, tiny_llama):
     """transformers refuses save_pretrained while a quantizer is attached (as after GGUF loading);
     strip_quantizer removes it and the saved config carries no quantization_config."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
-    model = LlamaForCausalLM(config)
+    model = tiny_llama(seed=7, vocab=32, hidden=16, layers=1)
     model.config.quantization_config = {"quant_method": "gguf", "dequantize": False}
     hf_internals.strip_quantizer(model)
     assert not hasattr(model.config, "quantization_config")
     assert getattr(model, "hf_quantizer", None) is None
     model.save_pretrained(tmp_path)
-    saved = (tmp_path / "config.json").read_text()
-    assert "quantization_config" not in saved
+    assert "quantization_config" not in (tmp_path / "config.json").read_text()
