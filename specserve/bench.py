@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from specserve.engine.decode import Engine
-from specserve.engine.prompts import encode_chat
+from specserve.engine.prompts import encode_prompt
 from specserve.engine.sampling import SamplingParams
 
 BASELINES = ("hf_ar", "hf_pld")
@@ -53,7 +53,7 @@ def load_specbench(path: Path, per_task: int, tokenizer) -> list[BenchPrompt]:
         if taken.get(row["task"], 0) >= per_task:
             continue
         taken[row["task"]] = taken.get(row["task"], 0) + 1
-        ids = encode_chat(tokenizer, [{"role": "user", "content": row["turns"][0]}])
+        ids = encode_prompt(tokenizer, row["turns"][0])  # chat template when the model has one
         prompts.append(BenchPrompt(row["task"], row["question_id"], ids))
     return prompts
 

@@ -67,6 +67,7 @@ def cmd_models(args) -> int:
 
 def cmd_generate(args) -> int:
     from specserve.engine.prompts import encode_prompt
+    from specserve.engine.proposers import REGISTRY
     from specserve.engine.sampling import SamplingParams
 
     params = SamplingParams(
@@ -81,8 +82,9 @@ def cmd_generate(args) -> int:
     from specserve.engine.decode import Engine
     from specserve.engine.tuning import Tuned, tuned_path
 
-    loaded = _load(args)
     config = parse_overrides(args.config, scoped=False)
+    REGISTRY.config(args.strategy, config)  # fail on a bad strategy before loading the model
+    loaded = _load(args)
     curve_file = cost_curve_path(_cache_dir(args), loaded.model_id, loaded.device, loaded.dtype)
     pad_width = None
     if curve_file.exists():  # measured by `specserve tune` / `bench`: pad widths, tuned sizes

@@ -7,6 +7,7 @@ hand-offs cost more than the math, and one thread keeps results bit-for-bit repr
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,3 +105,43 @@ def make_engine(tokenizer):
         return Engine(model, tok or tokenizer, frozenset(eos_ids))
 
     return _make
+
+
+def _tiny_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {t: i for i, t in enumerate(specials + [f"w{i}" for i in range(61)])}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def _save_tiny_model_dir(path: Path) -> Path:
+    """A tiny random Llama + WordLevel tokenizer saved as a Hugging Face directory."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(str(path))
+    _tiny_tokenizer().save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def save_tiny_model_dir():
+    """Factory: save_tiny_model_dir(path) -> path holding a loadable tiny HF model dir."""
+    return _save_tiny_model_dir

@@ -1,6 +1,6 @@
 """One forward of the unmodified target over [pending tokens | draft tree | aux branch].
 
-Public Hugging Face API only: `past_key_values`, `position_ids`, a 4D additive attention mask and
+Public Hugging Face API only: the cache argument, `position_ids`, a 4D additive attention mask and
 `logits_to_keep`, so logits are computed just for the rows the verifier and proposer read.
 """
 
@@ -33,7 +33,8 @@ def build_inputs(past: int, pending: list[int], draft: Draft, pad_to: int = 0) -
 
     Example: past 3, pending [a, b], tree [x] (child of root) and no aux: ids [a, b, x] at
     positions [3, 4, 5]; x attends to the 3 cached positions, a, b and itself; logit rows [1, 2].
-    A padding row holds token 0, sees only itself and is never read (its cache entry is dropped).
+    A padding row holds token 0, sees the cache and itself, and is never read (its cache entry is
+    dropped by the commit).
     """
     tree, aux = draft.tree, draft.aux
     p, n, a = len(pending), len(tree), len(aux) if aux else 0

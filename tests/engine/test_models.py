@@ -23,42 +23,9 @@ from specserve.engine.models import (
 )
 
 
-def _tiny_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<unk>", "<s>", "</s>"]
-    vocab = {t: i for i, t in enumerate(specials + [f"w{i}" for i in range(61)])}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
-
-
-def _save_tiny_llama(path: Path) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(str(path))
-    _tiny_tokenizer().save_pretrained(str(path))
-    return path
-
-
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return _save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+def tiny_dir(tmp_path_factory, save_tiny_model_dir) -> Path:
+    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"))
 
 
 # ---------------------------------------------------------------- catalog
@@ -133,16 +100,16 @@ def test_load_corrupt_gguf(tmp_path):
     assert ei.value.__cause__ is not None
 
 
-def test_load_corrupt_safetensors(tmp_path):
-    d = _save_tiny_llama(tmp_path / "broken")
+def test_load_corrupt_safetensors(tmp_path, save_tiny_model_dir):
+    d = save_tiny_model_dir(tmp_path / "broken")
     (d / "model.safetensors").write_bytes(os.urandom(1000))
     with pytest.raises(ModelLoadError, match="model.safetensors") as ei:
         load_model(str(d), device="cpu")
     assert ei.value.__cause__ is not None
 
 
-def test_load_truncated_safetensors(tmp_path):
-    d = _save_tiny_llama(tmp_path / "truncated")
+def test_load_truncated_safetensors(tmp_path, save_tiny_model_dir):
+    d = save_tiny_model_dir(tmp_path / "truncated")
     w = d / "model.safetensors"
     w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
     with pytest.raises(ModelLoadError, match="model.safetensors"):
