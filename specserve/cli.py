@@ -65,7 +65,26 @@ def cmd_models(args) -> int:
     return 0
 
 
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _cached_tuning(args, loaded, strategy: str):
+    """(pad_width, tuned config or None) from an earlier `tune`/`bench` on this model and device."""
+    from specserve.engine.cost import CostCurve, cost_curve_path
+    from specserve.engine.tuning import Tuned, tuned_path
+
+    curve_file = cost_curve_path(_cache_dir(args), loaded.model_id, loaded.device, loaded.dtype)
+    if not curve_file.exists():
+        return None, None
+    curve = CostCurve.model_validate_json(curve_file.read_text())
+    tuned_file = tuned_path(_cache_dir(args), curve, strategy)
+    tuned = Tuned.model_validate_json(tuned_file.read_text()) if tuned_file.exists() else None
+    return curve.padded_width, tuned.config if tuned else None
+
+
 def cmd_generate(args) -> int:
+    from specserve.engine.decode import Engine
     from specserve.engine.prompts import encode_prompt
     from specserve.engine.proposers import REGISTRY
     from specserve.engine.sampling import SamplingParams
@@ -78,21 +97,11 @@ def cmd_generate(args) -> int:
         seed=args.seed,
         stop=args.stop or [],
     )
-    from specserve.engine.cost import CostCurve, cost_curve_path
-    from specserve.engine.decode import Engine
-    from specserve.engine.tuning import Tuned, tuned_path
-
     config = parse_overrides(args.config, scoped=False)
     REGISTRY.config(args.strategy, config)  # fail on a bad strategy before loading the model
     loaded = _load(args)
-    curve_file = cost_curve_path(_cache_dir(args), loaded.model_id, loaded.device, loaded.dtype)
-    pad_width = None
-    if curve_file.exists():  # measured by `specserve tune` / `bench`: pad widths, tuned sizes
-        curve = CostCurve.model_validate_json(curve_file.read_text())
-        pad_width = curve.padded_width
-        tuned_file = tuned_path(_cache_dir(args), curve, args.strategy)
-        if tuned_file.exists() and not config:
-            config = Tuned.model_validate_json(tuned_file.read_text()).config
+    pad_width, tuned_config = _cached_tuning(args, loaded, args.strategy)
+    config = config or tuned_config or {}
     engine = Engine.from_loaded(loaded, pad_width)
     ids = encode_prompt(loaded.tokenizer, args.prompt, chat=not args.raw)
     state = engine.start(ids, params, args.strategy, config)
@@ -148,8 +157,7 @@ def _tuned_methods(args, loaded, strategies: list[str], log):
 
 def cmd_tune(args) -> int:
     loaded = _load(args)
-    log = lambda m: print(m, file=sys.stderr, flush=True)
-    _, _, choices, curve = _tuned_methods(args, loaded, args.strategies.split(","), log)
+    _, _, choices, curve = _tuned_methods(args, loaded, args.strategies.split(","), _log)
     print(json.dumps({"cost_curve_ms": curve.ms, "choices": choices}, indent=1))
     return 0
 
@@ -165,13 +173,12 @@ def cmd_bench(args) -> int:
     for b in baselines:
         if b not in bench.BASELINES:
             raise ValueError(f"baselines: unknown {b!r}; valid: {', '.join(bench.BASELINES)}")
-    log = lambda m: print(m, file=sys.stderr, flush=True)
     loaded = _load(args)
-    engine, methods, choices, curve = _tuned_methods(args, loaded, names, log)
+    engine, methods, choices, curve = _tuned_methods(args, loaded, names, _log)
     methods.update({b: None for b in baselines})
     prompts = bench.load_specbench(args.data, args.per_task, loaded.tokenizer)
-    log(f"benchmarking {len(prompts)} prompts x {len(methods)} methods ...")
-    totals = bench.run_bench(engine, prompts, methods, args.max_new_tokens, log)
+    _log(f"benchmarking {len(prompts)} prompts x {len(methods)} methods ...")
+    totals = bench.run_bench(engine, prompts, methods, args.max_new_tokens, _log)
     report = bench.build_report(
         loaded.model_id, _device_name(loaded.device), prompts, args.max_new_tokens, totals
     )
@@ -181,10 +188,10 @@ def cmd_bench(args) -> int:
     print(bench.format_table(report))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
-        log(f"wrote {args.out}")
+        _log(f"wrote {args.out}")
     if args.plot:
         bench.plot_report(report, Path(args.plot))
-        log(f"wrote {args.plot}")
+        _log(f"wrote {args.plot}")
     return 0
 
 
