@@ -146,7 +146,7 @@ def _tuned_methods(args, loaded, strategies: list[str], log):
         tuned = load_or_tune(engine, name, curve, prompts, cache_dir, args.retune, log)
         methods[name] = tuned.config
         choices[name] = tuned.model_dump()
-        best = max(tuned.trials, key=lambda t: t.predicted_speedup)
+        best = tuned.best
         log(
             f"  {name}: {tuned.config} (calibration tau {best.tau:.2f}, width "
             f"{best.mean_width:.1f}, step cost {best.mean_cost:.2f}x, predicted "

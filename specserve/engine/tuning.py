@@ -18,7 +18,6 @@ from specserve.engine.decode import Engine
 from specserve.engine.sampling import SamplingParams
 
 CANDIDATES: dict[str, list[dict]] = {
-    "ar": [{}],
     "prompt_lookup": [
         {"min_ngram": n, "draft_len": d, "max_draft_len": top, "max_matches": m}
         for n in (1, 2)
@@ -60,6 +59,10 @@ class Tuned(BaseModel):
     device: str
     config: dict
     trials: list[Trial]
+
+    @property
+    def best(self) -> Trial:
+        return max(self.trials, key=lambda t: t.predicted_speedup)
 
 
 def tune(
