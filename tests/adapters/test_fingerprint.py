@@ -1,0 +1,26 @@
+import pytest
+
+from specserve.adapters.fingerprint import adapter_sha256
+
+
+def _write(d, config=b"{}", weights=b"w"):
+    d.mkdir(exist_ok=True)
+    (d / "adapter_config.json").write_bytes(config)
+    (d / "adapter_model.safetensors").write_bytes(weights)
+    return d
+
+
+def test_same_bytes_same_fingerprint_any_location(tmp_path):
+    assert adapter_sha256(_write(tmp_path / "a")) == adapter_sha256(_write(tmp_path / "b"))
+
+
+@pytest.mark.parametrize("change", [{"config": b'{"r": 8}'}, {"weights": b"w2"}])
+def test_any_byte_change_changes_fingerprint(tmp_path, change):
+    assert adapter_sha256(_write(tmp_path / "a")) != adapter_sha256(_write(tmp_path / "b", **change))
+
+
+def test_missing_file_raises(tmp_path):
+    d = _write(tmp_path / "a")
+    (d / "adapter_model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError):
+        adapter_sha256(d)
