@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from specserve.engine import hf_internals
 from specserve.engine.forward import verify_forward
+from specserve.engine.lora import adapter_kwargs
 from specserve.engine.ngram_pool import NGramPool
 from specserve.engine.proposers import REGISTRY, Proposer, ProposerContext
 from specserve.engine.sampling import SamplingParams, target_probs
@@ -38,6 +39,7 @@ class RequestState:
     generator: torch.Generator
     text: TextStream
     eos_ids: frozenset[int]
+    adapter: str | None = None  # resident LoRA adapter name; None = the base model
     forwards: int = 0
     widths: list[int] = field(default_factory=list)  # tokens scored by each decode step
     finish_reason: str | None = None
@@ -106,8 +108,12 @@ class Engine:
         strategy: str = "ar",
         config: BaseModel | dict | None = None,
         pool: NGramPool | None = None,
+        adapter: str | None = None,
     ) -> RequestState:
+        """`adapter`: name of a LoRA adapter resident on a peft-wrapped model (None = base);
+        `pool`: the n-gram pool of that variant@version, shared across its requests."""
         params = params or SamplingParams()
+        adapter_kwargs(self.model, [adapter])  # fail now, not mid-stream, on an unknown adapter
         if not prompt_ids:
             raise ValueError("prompt: must not be empty")
         limit = getattr(self.model.config, "max_position_embeddings", None)
@@ -131,6 +137,7 @@ class Engine:
             generator=generator,
             text=TextStream(self.tokenizer, params.stop),
             eos_ids=frozenset() if params.ignore_eos else self.eos_ids,
+            adapter=adapter,
         )
 
     def step(self, state: RequestState) -> StepResult:
@@ -139,7 +146,9 @@ class Engine:
         past = hf_internals.cache_length(state.cache)
         width = len(state.pending) + len(draft.tree) + (len(draft.aux) if draft.aux else 0)
         pad_to = self.pad_width(width) if self.pad_width and len(state.pending) == 1 else 0
-        out = verify_forward(self.model, state.cache, past, state.pending, draft, pad_to)
+        out = verify_forward(
+            self.model, state.cache, past, state.pending, draft, pad_to, state.adapter
+        )
         state.forwards += 1
         if len(state.pending) == 1:
             state.widths.append(width)
@@ -190,8 +199,9 @@ class Engine:
         strategy: str = "ar",
         config: BaseModel | dict | None = None,
         pool: NGramPool | None = None,
+        adapter: str | None = None,
     ) -> GenerationResult:
-        state = self.start(prompt_ids, params, strategy, config, pool)
+        state = self.start(prompt_ids, params, strategy, config, pool, adapter)
         for _ in self.stream(state):
             pass
         return self.result(state)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from specserve.engine import hf_internals
+from specserve.engine.lora import adapter_kwargs
 from specserve.engine.tree import Draft
 
 
@@ -74,9 +75,16 @@ def _pending_block(p: int, q: int) -> torch.Tensor:
 
 @torch.inference_mode()
 def verify_forward(
-    model, cache, past: int, pending: list[int], draft: Draft, pad_to: int = 0
+    model,
+    cache,
+    past: int,
+    pending: list[int],
+    draft: Draft,
+    pad_to: int = 0,
+    adapter: str | None = None,
 ) -> ForwardOutput:
-    """Run the target once; the cache grows by max(len(pending) + len(tree) + len(aux), pad_to)."""
+    """Run the target (with LoRA `adapter`, None = base) once; the cache grows by
+    max(len(pending) + len(tree) + len(aux), pad_to)."""
     inputs = build_inputs(past, pending, draft, pad_to)
     device = model.device
     mask = None  # a single query row sees everything: the model's own (causal) path is exact
@@ -91,6 +99,7 @@ def verify_forward(
         **hf_internals.cache_kwargs(model, cache),
         use_cache=True,
         logits_to_keep=inputs.logit_rows.to(device),
+        **adapter_kwargs(model, [adapter]),
     )
     logits = out.logits[0]  # [r, vocab]
     n = len(draft.tree)

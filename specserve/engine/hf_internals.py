@@ -25,7 +25,8 @@ def cache_length(cache: DynamicCache) -> int:
 
 def cache_kwargs(model, cache: DynamicCache) -> dict:
     """The forward keyword for the cache: `cache` in newer transformers, `past_key_values` before."""
-    return {_cache_keyword(type(model)): cache}
+    owner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wrapper
+    return {_cache_keyword(type(owner)): cache}
 
 
 @functools.cache

@@ -1,0 +1,197 @@
+"""Adapters on a shared base: exact against merged weights, mixed batches, LRU, refusals."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from specserve.adapters import errors
+from specserve.adapters.resident import ResidentAdapters
+from specserve.adapters.settings import AdapterLimits
+from specserve.engine.decode import Engine
+from specserve.engine.lora import BASE_ADAPTER
+from specserve.engine.sampling import SamplingParams
+
+BASE = "tiny-llama"
+STRATEGIES = {  # name -> (strategy, config): every built-in strategy, chains and trees
+    "ar": ("ar", None),
+    "prompt_lookup": ("prompt_lookup", {"min_ngram": 1, "draft_len": 4, "max_matches": 3}),
+    "lookahead": ("lookahead", {"window": 3, "ngram": 3, "guesses": 3}),
+    "lookahead-wide": ("lookahead", {"window": 5, "ngram": 4, "guesses": 5}),
+}
+PROMPT = [5, 9, 14, 3, 5, 9, 14, 7, 5, 9, 14, 3, 22, 5, 9]
+
+
+@pytest.fixture
+def base(tiny_llama):
+    return copy.deepcopy(tiny_llama(1, init_range=0.1))  # wrapping injects layers: use a copy
+
+
+@pytest.fixture
+def limits(adapter_root):
+    return AdapterLimits(root=adapter_root, max_resident=3)
+
+
+@pytest.fixture
+def resident(base, limits):
+    return ResidentAdapters(base, [BASE], limits)
+
+
+def _generate(model, tokenizer, strategy, config, adapter=None, max_new=30):
+    engine = Engine(model, tokenizer, frozenset())
+    params = SamplingParams(max_new_tokens=max_new)
+    return engine.generate(PROMPT, params, strategy, config, adapter=adapter).output_ids
+
+
+def _logits(model, ids, adapters):
+    kwargs = {"adapter_names": [a or BASE_ADAPTER for a in adapters]} if adapters else {}
+    with torch.no_grad():
+        return model(input_ids=ids, **kwargs).logits
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_every_strategy_with_adapter_equals_merged_weights(
+    name, base, resident, make_adapter, merge_adapter, tokenizer
+):
+    strategy, config = STRATEGIES[name]
+    reference_base = _generate(copy.deepcopy(base), tokenizer, "ar", None)
+    paths = {f"v{i}@1": make_adapter(f"v{i}", base, seed=i) for i in range(2)}
+    merged = {key: merge_adapter(base, path) for key, path in paths.items()}
+    for key, path in paths.items():
+        resident.ensure(key, path)
+    for key in paths:
+        want = _generate(merged[key], tokenizer, "ar", None)
+        assert want != reference_base  # the adapter really changes the output
+        assert _generate(resident.model, tokenizer, strategy, config, adapter=key) == want
+    # base rows on the wrapped model are the untouched base
+    assert _generate(resident.model, tokenizer, strategy, config, adapter=None) == reference_base
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mixed_batch_of_three_adapters_and_base_equals_rows_alone(
+    seed, resident, base, make_adapter
+):
+    names = [f"t{i}@1" for i in range(3)]
+    for i, key in enumerate(names):
+        resident.ensure(key, make_adapter(f"t{i}", base, seed=10 * seed + i))
+    rows = [names[0], None, names[2], names[1], None]
+    ids = torch.randint(0, 96, (len(rows), 9), generator=torch.Generator().manual_seed(seed))
+    batched = _logits(resident.model, ids, rows)  # [rows, seq, vocab]
+    for r, adapter in enumerate(rows):
+        alone = _logits(resident.model, ids[r : r + 1], [adapter])
+        torch.testing.assert_close(batched[r : r + 1], alone, rtol=0, atol=1e-5)
+        assert torch.equal(batched[r].argmax(-1), alone[0].argmax(-1))
+    assert not torch.allclose(batched[0], _logits(resident.model, ids[:1], [None])[0])
+
+
+def test_lru_evicts_least_recent_and_unloads(resident, base, make_adapter):
+    paths = {f"a{i}@1": make_adapter(f"a{i}", base, seed=i) for i in range(4)}
+    for key in ["a0@1", "a1@1", "a2@1"]:
+        resident.ensure(key, paths[key])
+    resident.ensure("a0@1", paths["a0@1"])  # a hit makes a0 most recent
+    resident.ensure("a3@1", paths["a3@1"])  # evicts a1, the least recent
+    assert resident.names == ["a2@1", "a0@1", "a3@1"]
+    assert set(resident.model.peft_config) == {"a2@1", "a0@1", "a3@1"}
+    assert not [n for n, _ in resident.model.named_parameters() if ".a1@1." in n]
+    assert (resident.stats.loads, resident.stats.hits, resident.stats.evictions) == (4, 1, 1)
+    assert resident.stats.load_seconds_total > 0
+
+
+def test_eviction_by_bytes(base, make_adapter, adapter_root):
+    probe = ResidentAdapters(copy.deepcopy(base), [BASE], AdapterLimits(root=adapter_root))
+    probe.ensure("p@1", make_adapter("p", base))
+    one = probe.resident_bytes
+    limits = AdapterLimits(root=adapter_root, max_resident=10, max_resident_bytes=2 * one + 1)
+    resident = ResidentAdapters(base, [BASE], limits)
+    for i in range(3):
+        resident.ensure(f"b{i}@1", make_adapter(f"b{i}", base, seed=i))
+    assert resident.names == ["b1@1", "b2@1"] and resident.resident_bytes == 2 * one
+
+
+def test_reloaded_adapter_gives_same_outputs(resident, base, make_adapter):
+    paths = {f"c{i}@1": make_adapter(f"c{i}", base, seed=i) for i in range(4)}
+    ids = torch.arange(12)[None]
+    resident.ensure("c0@1", paths["c0@1"])
+    before = _logits(resident.model, ids, ["c0@1"])
+    for key in ["c1@1", "c2@1", "c3@1"]:
+        resident.ensure(key, paths[key])
+    assert "c0@1" not in resident.names
+    resident.ensure("c0@1", paths["c0@1"])
+    torch.testing.assert_close(_logits(resident.model, ids, ["c0@1"]), before, rtol=0, atol=0)
+
+
+def test_held_adapters_are_not_evicted(resident, base, make_adapter):
+    paths = {f"h{i}@1": make_adapter(f"h{i}", base, seed=i) for i in range(4)}
+    for key in ["h0@1", "h1@1", "h2@1"]:
+        resident.ensure(key, paths[key])
+    with resident.hold("h0@1"), resident.hold("h1@1"), resident.hold("h2@1"):
+        with pytest.raises(errors.AdapterCapacityError):
+            resident.ensure("h3@1", paths["h3@1"])
+        assert resident.names == ["h0@1", "h1@1", "h2@1"]
+    with resident.hold("h0@1"):
+        resident.ensure("h3@1", paths["h3@1"])
+    assert resident.names == ["h0@1", "h2@1", "h3@1"]
+    assert resident.stats.refusals == {"adapter_capacity": 1}
+
+
+def _break(kind, path, tmp_path):
+    cfg_path, weights = path / "adapter_config.json", path / "adapter_model.safetensors"
+    cfg = json.loads(cfg_path.read_text())
+    if kind == "pickle":
+        (path / "adapter_model.bin").write_bytes(b"\x80\x04.")
+    elif kind == "missing":
+        weights.unlink()
+    elif kind == "corrupt":
+        weights.write_bytes(weights.read_bytes()[:100])
+    elif kind == "base_name":
+        cfg_path.write_text(json.dumps({**cfg, "base_model_name_or_path": "other"}))
+    elif kind == "targets":
+        cfg_path.write_text(json.dumps({**cfg, "target_modules": ["nope_proj"]}))
+    elif kind == "rank":
+        cfg_path.write_text(json.dumps({**cfg, "r": 1000}))
+    elif kind == "outside":
+        return tmp_path
+    return path
+
+
+@pytest.mark.parametrize(
+    "kind", ["pickle", "missing", "corrupt", "base_name", "targets", "rank", "outside"]
+)
+def test_refusal_leaves_base_and_resident_adapters_untouched(
+    kind, resident, base, make_adapter, tmp_path
+):
+    resident.ensure("ok@1", make_adapter("ok", base, seed=3))
+    ids = torch.arange(10)[None]
+    before = {a: _logits(resident.model, ids, [a]) for a in ["ok@1", None]}
+    bad = _break(kind, make_adapter("bad", base, seed=4), tmp_path)
+    with pytest.raises(errors.AdapterError):
+        resident.ensure("bad@1", bad)
+    assert resident.names == ["ok@1"] and set(resident.model.peft_config) == {"ok@1"}
+    for adapter, logits in before.items():
+        torch.testing.assert_close(_logits(resident.model, ids, [adapter]), logits, rtol=0, atol=0)
+    assert sum(resident.stats.refusals.values()) == 1
+
+
+def test_refusal_before_any_adapter_leaves_base_unwrapped(resident, base, make_adapter, tmp_path):
+    bad = _break("pickle", make_adapter("bad", base), tmp_path)
+    with pytest.raises(errors.PickleFormatError):
+        resident.ensure("bad@1", bad)
+    assert resident.model is base
+
+
+def test_engine_refuses_unknown_adapter(resident, base, make_adapter, tokenizer):
+    resident.ensure("k@1", make_adapter("k", base))
+    with pytest.raises(ValueError, match="not resident"):
+        Engine(resident.model, tokenizer, frozenset()).start(PROMPT, adapter="zz@1")
+    plain = copy.deepcopy(resident.model).merge_and_unload()  # no peft wrapper left
+    with pytest.raises(ValueError, match="no LoRA adapters"):
+        Engine(plain, tokenizer, frozenset()).start(PROMPT, adapter="k@1")
+
+
+@pytest.mark.parametrize("name", ["__base__", "a.b@1", "", "x" * 200])
+def test_bad_adapter_names_refused(resident, base, make_adapter, name):
+    with pytest.raises(ValueError, match="adapter name"):
+        resident.ensure(name, make_adapter("n", base))
