@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from specserve.engine.decode import Engine
+from specserve.engine.lora import adapter_kwargs, is_peft_model
 from specserve.engine.prompts import encode_prompt
 from specserve.engine.sampling import SamplingParams
 
@@ -72,10 +73,14 @@ class ForwardCounter:
         self._handle.remove()
 
 
-def run_hf(model, ids: list[int], max_new_tokens: int, eos_ids, pld: bool) -> tuple[list[int], int]:
-    """Greedy `generate()`; with `pld`, prompt lookup of 10 tokens. Returns (output ids, forwards)."""
-    counter = ForwardCounter(model)
+def run_hf(
+    model, ids: list[int], max_new_tokens: int, eos_ids, pld: bool, adapter: str | None = None
+) -> tuple[list[int], int]:
+    """Greedy `generate()` (through peft with `adapter`); with `pld`, prompt lookup of 10 tokens.
+    Returns (output ids, forwards)."""
+    counter = ForwardCounter(model.get_base_model() if is_peft_model(model) else model)
     extra = {"prompt_lookup_num_tokens": 10} if pld else {}
+    extra.update(adapter_kwargs(model, [adapter]))
     try:
         with torch.inference_mode():
             input_ids = torch.tensor([ids], device=model.device)
@@ -98,16 +103,17 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def run_method(engine: Engine, name: str, config: dict | None, ids, max_new_tokens):
-    """One greedy decode; returns (output ids, seconds, forwards)."""
+def run_method(engine: Engine, name: str, config: dict | None, ids, max_new_tokens, adapter=None):
+    """One greedy decode (with LoRA `adapter` if given); returns (output ids, seconds, forwards)."""
     _sync(engine.model.device)
     start = time.perf_counter()
     if name in BASELINES:
         output, forwards = run_hf(
-            engine.model, ids, max_new_tokens, engine.eos_ids, pld=name == "hf_pld"
+            engine.model, ids, max_new_tokens, engine.eos_ids, pld=name == "hf_pld", adapter=adapter
         )
     else:
-        result = engine.generate(ids, SamplingParams(max_new_tokens=max_new_tokens), name, config)
+        params = SamplingParams(max_new_tokens=max_new_tokens)
+        result = engine.generate(ids, params, name, config, adapter=adapter)
         output, forwards = result.output_ids, result.forwards
     _sync(engine.model.device)
     return output, time.perf_counter() - start, forwards
@@ -119,15 +125,18 @@ def run_bench(
     methods: dict[str, dict | None],
     max_new_tokens: int,
     log=lambda msg: print(msg, file=sys.stderr, flush=True),
+    adapter: str | None = None,
 ) -> dict[str, MethodTotals]:
-    """Decode every prompt with every method (after one warm-up each)."""
+    """Decode every prompt with every method (after one warm-up each), base + `adapter` if given."""
     for name, config in methods.items():
-        run_method(engine, name, config, prompts[0].ids, 4)
+        run_method(engine, name, config, prompts[0].ids, 4, adapter)
     totals = {name: MethodTotals() for name in methods}
     for i, prompt in enumerate(prompts, 1):
         line = []
         for name, config in methods.items():
-            output, seconds, forwards = run_method(engine, name, config, prompt.ids, max_new_tokens)
+            output, seconds, forwards = run_method(
+                engine, name, config, prompt.ids, max_new_tokens, adapter
+            )
             totals[name].add(prompt, output, seconds, forwards)
             line.append(f"{name} {len(output) / seconds:.1f} tok/s τ {len(output) / forwards:.2f}")
         log(f"[{i}/{len(prompts)}] {prompt.task}#{prompt.question_id}: " + " | ".join(line))

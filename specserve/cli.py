@@ -47,6 +47,24 @@ def _load(args):
     return load_model(args.model, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
 
 
+def _with_adapter(args, loaded):
+    """With `--adapter DIR`: validate it against the base, load it through peft and return its
+    resident name (the model in `loaded` becomes the peft wrapper); without: None."""
+    if not getattr(args, "adapter", None):
+        return None
+    from specserve.adapters.resident import ResidentAdapters, base_model_names
+    from specserve.adapters.settings import AdapterLimits
+
+    path = Path(args.adapter).resolve()
+    resident = ResidentAdapters(
+        loaded.model, base_model_names(loaded.model_id), AdapterLimits(root=path.parent)
+    )
+    checked = resident.ensure("adapter@1", path)
+    loaded.model = resident.model
+    _log(f"adapter {path} (rank {checked.rank}, sha256 {checked.sha256[:12]}) loaded as adapter@1")
+    return "adapter@1"
+
+
 def _cache_dir(args) -> Path:
     from specserve.engine.models import default_cache_dir
 
@@ -102,9 +120,10 @@ def cmd_generate(args) -> int:
     loaded = _load(args)
     pad_width, tuned_config = _cached_tuning(args, loaded, args.strategy)
     config = config or tuned_config or {}
+    adapter = _with_adapter(args, loaded)
     engine = Engine.from_loaded(loaded, pad_width)
     ids = encode_prompt(loaded.tokenizer, args.prompt, chat=not args.raw)
-    state = engine.start(ids, params, args.strategy, config)
+    state = engine.start(ids, params, args.strategy, config, adapter=adapter)
     for step in engine.stream(state):
         sys.stdout.write(step.text)
         sys.stdout.flush()
@@ -175,13 +194,22 @@ def cmd_bench(args) -> int:
             raise ValueError(f"baselines: unknown {b!r}; valid: {', '.join(bench.BASELINES)}")
     loaded = _load(args)
     engine, methods, choices, curve = _tuned_methods(args, loaded, names, _log)
+    adapter = _with_adapter(args, loaded)  # after tuning: the cost curve and configs are the base's
+    engine.model = loaded.model
     methods.update({b: None for b in baselines})
     prompts = bench.load_specbench(args.data, args.per_task, loaded.tokenizer)
     _log(f"benchmarking {len(prompts)} prompts x {len(methods)} methods ...")
-    totals = bench.run_bench(engine, prompts, methods, args.max_new_tokens, _log)
+    totals = bench.run_bench(engine, prompts, methods, args.max_new_tokens, _log, adapter)
     report = bench.build_report(
         loaded.model_id, _device_name(loaded.device), prompts, args.max_new_tokens, totals
     )
+    if adapter:
+        from specserve.adapters.fingerprint import adapter_sha256
+
+        report["adapter"] = {
+            "path": str(Path(args.adapter).resolve()),
+            "sha256": adapter_sha256(args.adapter),
+        }
     report["cost_curve_ms"] = curve.ms
     report["strategy_configs"] = {n: c for n, c in methods.items() if c is not None}
     report["tuning"] = choices
@@ -193,6 +221,57 @@ def cmd_bench(args) -> int:
         bench.plot_report(report, Path(args.plot))
         _log(f"wrote {args.plot}")
     return 0
+
+
+def cmd_finetune(args) -> int:
+    from specserve.adapters.fingerprint import adapter_sha256
+    from specserve.adapters.resident import base_model_names
+    from specserve.adapters.settings import AdapterLimits
+    from specserve.adapters.validate import BaseModelSpec, validate_adapter
+    from specserve.training.finetune import FinetuneConfig, finetune, load_examples
+
+    overrides = parse_overrides(args.config, scoped=False)
+    if args.budget_minutes is not None:
+        overrides["budget_minutes"] = args.budget_minutes
+    config = FinetuneConfig.model_validate(overrides)
+    if not args.data.is_file():
+        raise ValueError(f"data: {args.data} is not a file")
+    loaded = _load(args)
+    names = base_model_names(loaded.model_id)
+    spec = BaseModelSpec.of(loaded.model, names)  # before peft wraps the model
+    eos_id = min(loaded.eos_token_ids)
+    examples = load_examples(args.data, loaded.tokenizer, eos_id, config.block_size)
+    data_desc = {
+        "path": str(args.data),
+        "sha256": _file_sha256(args.data),
+        "examples": len(examples),
+    }
+    _log(
+        f"fine-tuning {loaded.model_id} on {len(examples)} examples for at most {config.budget_minutes} min"
+    )
+    record = finetune(
+        loaded.model, loaded.tokenizer, examples, config, args.out, loaded.model_id, data_desc
+    )
+    out = args.out.resolve()
+    checked = validate_adapter(
+        out, spec, AdapterLimits(root=out.parent, max_rank=max(64, config.rank))
+    )
+    _log(
+        f"held-out loss before/after: {record['held_out_loss_before_after']}; {record['steps']} steps"
+    )
+    print(
+        json.dumps(
+            {"adapter": str(out), "sha256": adapter_sha256(out), "rank": checked.rank, **record},
+            indent=1,
+        )
+    )
+    return 0
+
+
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _device_name(device) -> str:
@@ -238,7 +317,23 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", default=None)
+    gen.add_argument("--adapter", type=Path, default=None, help="LoRA adapter dir (a variant)")
     gen.set_defaults(func=cmd_generate)
+
+    ft = sub.add_parser("finetune", help="train a LoRA adapter (a variant) on a .txt/.jsonl file")
+    _add_model_args(ft)
+    ft.add_argument(
+        "--data",
+        type=Path,
+        required=True,
+        help=".txt, or .jsonl of text/prompt+completion/messages",
+    )
+    ft.add_argument("--out", type=Path, required=True, help="adapter directory to write")
+    ft.add_argument("--budget-minutes", type=float, default=None, help="time budget (default 10)")
+    ft.add_argument(
+        "--config", action="append", default=[], help="KEY=VALUE (rank, learning_rate, ...)"
+    )
+    ft.set_defaults(func=cmd_finetune)
 
     for name, func, helptext in (
         ("tune", cmd_tune, "measure the cost curve, pick draft sizes"),
@@ -258,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--baselines", default="hf_ar,hf_pld")
     b.add_argument("--out", type=Path, default=None)
     b.add_argument("--plot", type=Path, default=None)
+    b.add_argument(
+        "--adapter", type=Path, default=None, help="LoRA adapter dir; every method runs base + it"
+    )
     return parser
 
 

@@ -113,3 +113,104 @@ def test_bench_report_contract(tmp_path, model_dir):
         assert set(r["by_task"]) == {"alpha", "beta"}
         assert r["identical_to_ar"] is True, name
     assert report["results"]["hf_ar"]["speedup_vs_hf_ar"] == 1.0
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory, model_dir):
+    """`specserve finetune` on the tiny model dir: a real adapter directory."""
+    tmp = tmp_path_factory.mktemp("finetune")
+    data = tmp / "data.jsonl"
+    data.write_text(
+        "\n".join(
+            json.dumps({"text": " ".join(f"w{(i * 7 + j) % 60}" for j in range(40))})
+            for i in range(8)
+        )
+    )
+    out = tmp / "adapters" / "demo"
+    code = main(
+        [
+            "finetune",
+            "--model",
+            str(model_dir),
+            "--cache-dir",
+            str(tmp),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+        ]
+        + ["--budget-minutes", "0.5", "--config", "epochs=2", "--config", "learning_rate=0.05"]
+    )
+    assert code == 0
+    return out
+
+
+def test_finetune_writes_a_valid_adapter(finetuned, capsys):
+    assert (finetuned / "adapter_model.safetensors").is_file()
+    record = json.loads((finetuned / "specserve-finetune.json").read_text())
+    assert record["steps"] > 0 and record["data"]["examples"] == 8
+
+
+def test_finetune_refuses_bad_config(capsys, tmp_path, model_dir):
+    data = tmp_path / "d.txt"
+    data.write_text("w1 w2")
+    argv = [
+        "finetune",
+        "--model",
+        str(model_dir),
+        "--data",
+        str(data),
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert main(argv + ["--config", "rnak=4"]) == 2
+    assert "rnak" in capsys.readouterr().err
+
+
+def test_generate_with_adapter_is_lossless_and_applies(capsys, tmp_path, model_dir, finetuned):
+    argv = ["generate", "--model", str(model_dir), "--cache-dir", str(tmp_path), "--raw"]
+    argv += ["--prompt", "w1 w8 w15 w22", "--max-new-tokens", "12"]
+    outs = {}
+    for strategy in ["ar", "lookahead"]:
+        for adapter in [None, finetuned]:
+            assert (
+                main(
+                    argv
+                    + ["--strategy", strategy]
+                    + (["--adapter", str(adapter)] if adapter else [])
+                )
+                == 0
+            )
+            outs[strategy, adapter is not None] = capsys.readouterr().out
+    assert outs["ar", True] == outs["lookahead", True]
+    assert outs["ar", False] == outs["lookahead", False]
+    assert outs["ar", True] != outs["ar", False]
+
+
+def test_generate_refuses_a_pickle_adapter(capsys, tmp_path, model_dir, finetuned):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(finetuned, bad)
+    (bad / "adapter_model.bin").write_bytes(b"\x80\x04.")
+    argv = ["generate", "--model", str(model_dir), "--prompt", "w1", "--raw", "--adapter", str(bad)]
+    assert main(argv) == 2
+    assert "pickle" in capsys.readouterr().err
+
+
+def test_bench_with_adapter_runs_every_method_on_the_variant(tmp_path, model_dir, finetuned):
+    data = tmp_path / "bench.jsonl"
+    data.write_text(
+        json.dumps({"question_id": 1, "task": "alpha", "turns": ["w1 w8 w15 w22 w1 w8"]})
+    )
+    out = tmp_path / "report.json"
+    argv = ["bench", "--model", str(model_dir), "--cache-dir", str(tmp_path), "--data", str(data)]
+    argv += ["--per-task", "1", "--max-new-tokens", "8", "--no-tune", "--out", str(out)]
+    assert main(argv + ["--adapter", str(finetuned)]) == 0
+    report = json.loads(out.read_text())
+    assert (
+        report["adapter"]["path"] == str(finetuned.resolve())
+        and len(report["adapter"]["sha256"]) == 64
+    )
+    assert all(r["identical_to_ar"] for r in report["results"].values())
+    assert set(report["results"]) == {"ar", "prompt_lookup", "lookahead", "hf_ar", "hf_pld"}

@@ -165,3 +165,12 @@ class ResidentAdapters:
         for p in params:
             p.requires_grad_(False)
         return sum(p.numel() * p.element_size() for p in params)
+
+
+def base_model_names(model_id: str) -> list[str]:
+    """Names an adapter may give for this base: the served id and, for a catalog model, its
+    upstream Hugging Face id (e.g. smollm2-135m and HuggingFaceTB/SmolLM2-135M-Instruct)."""
+    from specserve.engine.models import load_catalog
+
+    entry = load_catalog().get(model_id)
+    return [model_id] + ([entry.upstream] if entry and entry.upstream else [])

@@ -1,0 +1,221 @@
+"""Train a small LoRA adapter (peft) on a text or JSONL file, within a time budget, CPU or CUDA.
+
+`load_examples(path, tokenizer, ...)` turns the file into token ids with loss labels;
+`finetune(model, tokenizer, examples, config, out_dir, base_name)` trains and writes a peft
+adapter directory (safetensors) plus `specserve-finetune.json` describing the run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import peft
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm import tqdm
+
+from specserve.engine.prompts import encode_chat
+
+IGNORE = -100  # label of tokens that carry no loss (prompt, padding)
+RECORD_FILE = "specserve-finetune.json"
+JSONL_SHAPES = '{"text": ...}, {"prompt": ..., "completion": ...} or {"messages": [...]}'
+
+
+class FinetuneConfig(BaseModel):
+    """LoRA and optimizer settings; unknown names fail."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(8, gt=0)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    learning_rate: float = Field(1e-3, gt=0)
+    batch_size: int = Field(4, gt=0)
+    block_size: int = Field(256, gt=8)
+    epochs: int = Field(3, gt=0)
+    budget_minutes: float = Field(10.0, gt=0)
+    held_out_fraction: float = Field(0.1, ge=0, lt=1)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Example:
+    ids: list[int]
+    labels: list[int]  # IGNORE where no loss
+
+
+def _prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The context before the answer: the chat template's, or the turns joined by newlines."""
+    if getattr(tokenizer, "chat_template", None):
+        return encode_chat(tokenizer, messages)
+    text = "\n".join(m["content"] for m in messages) + "\n"
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _completion_example(
+    tokenizer, messages: list[dict], answer: str, eos_id: int, block: int
+) -> Example:
+    prompt = _prompt_ids(tokenizer, messages)
+    answer_ids = list(tokenizer(answer, add_special_tokens=False)["input_ids"]) + [eos_id]
+    ids = (prompt + answer_ids)[:block]
+    labels = ([IGNORE] * len(prompt) + answer_ids)[:block]
+    return Example(ids, labels)
+
+
+def _text_examples(tokenizer, text: str, block: int) -> list[Example]:
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return [Example(ids[i : i + block], ids[i : i + block]) for i in range(0, len(ids) - 1, block)]
+
+
+def load_examples(path: Path, tokenizer, eos_id: int, block_size: int = 256) -> list[Example]:
+    """A .txt file is cut into blocks (loss everywhere); a .jsonl file holds one of JSONL_SHAPES per
+    line (loss on the answer only: the completion, or the last assistant message)."""
+    path = Path(path)
+    if path.suffix == ".txt":
+        return _text_examples(tokenizer, path.read_text(), block_size)
+    if path.suffix != ".jsonl":
+        raise ValueError(f"data: {path.name} must be a .txt or .jsonl file")
+    examples: list[Example] = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"data: {path.name} line {n} is not JSON: {err}") from None
+        if isinstance(row, dict) and set(row) == {"text"}:
+            examples += _text_examples(tokenizer, row["text"], block_size)
+        elif isinstance(row, dict) and set(row) == {"prompt", "completion"}:
+            user = [{"role": "user", "content": row["prompt"]}]
+            examples.append(
+                _completion_example(tokenizer, user, row["completion"], eos_id, block_size)
+            )
+        elif (
+            isinstance(row, dict)
+            and set(row) == {"messages"}
+            and row["messages"][-1].get("role") == "assistant"
+        ):
+            *context, last = row["messages"]
+            examples.append(
+                _completion_example(tokenizer, context, last["content"], eos_id, block_size)
+            )
+        else:
+            raise ValueError(
+                f"data: {path.name} line {n}: expected {JSONL_SHAPES} (messages ending with assistant)"
+            )
+    if not examples:
+        raise ValueError(f"data: {path.name} holds no examples")
+    return examples
+
+
+def collate(batch: list[Example], pad_id: int, device) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest row. Example: ids [[5, 6], [7]] -> [[5, 6], [7, pad]], mask [[1, 1], [1, 0]]."""
+    width = max(len(e.ids) for e in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)  # [batch, width]
+    labels = torch.full((len(batch), width), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for r, e in enumerate(batch):
+        ids[r, : len(e.ids)] = torch.tensor(e.ids)
+        labels[r, : len(e.labels)] = torch.tensor(e.labels)
+        mask[r, : len(e.ids)] = 1
+    return {
+        "input_ids": ids.to(device),
+        "labels": labels.to(device),
+        "attention_mask": mask.to(device),
+    }
+
+
+@torch.no_grad()
+def mean_loss(model, examples: list[Example], config: FinetuneConfig, pad_id: int) -> float:
+    """Token-weighted mean loss over `examples` (the held-out set)."""
+    total, count = 0.0, 0
+    for i in range(0, len(examples), config.batch_size):
+        batch = collate(examples[i : i + config.batch_size], pad_id, model.device)
+        tokens = int((batch["labels"][:, 1:] != IGNORE).sum())
+        total += float(model(**batch).loss) * tokens
+        count += tokens
+    return total / max(count, 1)
+
+
+def finetune(
+    model,
+    tokenizer,
+    examples: list[Example],
+    config: FinetuneConfig,
+    out_dir: Path,
+    base_name: str,
+    data_desc: dict,
+) -> dict:
+    """Wrap `model` (in place) with a fresh LoRA adapter, train it, save it; returns the run record."""
+    rng = random.Random(config.seed)
+    examples = list(examples)
+    rng.shuffle(examples)
+    n_held = math.floor(len(examples) * config.held_out_fraction)
+    held, train = examples[:n_held], examples[n_held:]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    torch.manual_seed(config.seed)
+    lora = peft.LoraConfig(
+        r=config.rank,
+        lora_alpha=config.alpha,
+        lora_dropout=config.dropout,
+        target_modules=config.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    model = peft.get_peft_model(model, lora)
+    loss_before = mean_loss(model.eval(), held, config, pad_id) if held else None
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate
+    )
+    steps_per_epoch = math.ceil(len(train) / config.batch_size)
+    total_steps = steps_per_epoch * config.epochs
+    deadline = time.monotonic() + 60 * config.budget_minutes
+    started, step, losses, stopped_by = time.monotonic(), 0, [], "epochs"
+    model.train()
+    with tqdm(total=total_steps, desc="finetune", unit="step", file=sys.stderr) as bar:
+        for _epoch in range(config.epochs):
+            rng.shuffle(train)
+            for i in range(0, len(train), config.batch_size):
+                if time.monotonic() > deadline:
+                    stopped_by = "budget"
+                    break
+                spent = max(
+                    step / total_steps, (time.monotonic() - started) / (60 * config.budget_minutes)
+                )
+                lr = config.learning_rate * min(1.0, (step + 1) / 10) * max(1.0 - spent, 0.05)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                loss = model(**collate(train[i : i + config.batch_size], pad_id, model.device)).loss
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(loss.item())
+                step += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            if stopped_by == "budget":
+                break
+    model.eval()
+    loss_after = mean_loss(model, held, config, pad_id) if held else None
+    model.peft_config["default"].base_model_name_or_path = base_name
+    model.save_pretrained(out_dir, safe_serialization=True, save_embedding_layers=False)
+    record = {
+        "base_model": base_name,
+        "data": data_desc,
+        "config": config.model_dump(),
+        "examples": {"train": len(train), "held_out": len(held)},
+        "steps": step,
+        "stopped_by": stopped_by,
+        "seconds": round(time.monotonic() - started, 1),
+        "train_loss_first_last": [round(losses[0], 4), round(losses[-1], 4)] if losses else None,
+        "held_out_loss_before_after": [loss_before, loss_after],
+    }
+    (Path(out_dir) / RECORD_FILE).write_text(json.dumps(record, indent=1))
+    return record
