@@ -1,0 +1,109 @@
+"""The strategy policy: which lossless strategy serves a variant now, and why.
+
+`decide(view, load, settings, now)` is pure: a forced strategy wins; saturation turns speculation
+off; a changing variant gets lookahead; a stable one gets its best drafter if that beats lookahead's
+acceptance, else lookahead (and asks for training); a busy replica shortens drafts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specserve.policies.settings import PolicySettings
+
+
+@dataclass(frozen=True)
+class DrafterView:
+    """A drafter of the variant's current version, as the registry knows it."""
+
+    kind: str  # "eagle" | "medusa"
+    status: str  # queued | running | succeeded | failed | cancelled
+    held_out_tau: float | None = None
+
+
+@dataclass(frozen=True)
+class VariantView:
+    """What the policy reads about one variant (None name = the base model itself)."""
+
+    name: str | None
+    version: int
+    version_times: list[float] = field(default_factory=list)  # created_at of every version, seconds
+    drafters: list[DrafterView] = field(default_factory=list)
+    measured_tau: dict[str, tuple[float, int]] = field(
+        default_factory=dict
+    )  # strategy -> (tau, tokens)
+    forced_strategy: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    strategy: str
+    reason: str
+    max_draft_tokens: int | None = None  # None: the strategy's own (device-tuned) size
+    train_kind: str | None = None  # drafter training the platform should queue, if any
+
+
+def decide(view: VariantView, ongoing: int, settings: PolicySettings, now: float) -> Decision:
+    """Example: three versions registered in the last hour, window 1 h -> Decision("lookahead",
+    "changing: 3 versions in the last 3600 s (>= 2); lookahead needs no training")."""
+    if view.forced_strategy:
+        return Decision(view.forced_strategy, f"forced by admin to {view.forced_strategy}")
+    if ongoing >= settings.saturated_ongoing:
+        return Decision(
+            "ar",
+            f"saturated: {ongoing} ongoing requests >= {settings.saturated_ongoing}; speculation off",
+        )
+    base = _by_lifecycle(view, settings, now)
+    if ongoing >= settings.busy_ongoing and base.strategy != "ar":
+        reason = f"{base.reason}; busy: {ongoing} ongoing >= {settings.busy_ongoing}, drafts cut to {settings.busy_max_draft_tokens} tokens"
+        return Decision(base.strategy, reason, settings.busy_max_draft_tokens, base.train_kind)
+    return base
+
+
+def _by_lifecycle(view: VariantView, settings: PolicySettings, now: float) -> Decision:
+    changing = _changing_reason(view, settings, now)
+    if changing:
+        return Decision("lookahead", f"{changing}; lookahead needs no training")
+    lookahead_tau = _tau(view, "lookahead", settings) or settings.lookahead_tau_prior
+    ready = [
+        d for d in view.drafters if d.status == "succeeded" and d.kind in settings.drafter_kinds
+    ]
+    scored = [(_tau(view, d.kind, settings) or d.held_out_tau or 0.0, d.kind) for d in ready]
+    if scored:
+        tau, kind = max(scored)
+        if tau >= settings.drafter_margin * lookahead_tau:
+            return Decision(
+                kind, f"stable; {kind} tau {tau:.2f} beats lookahead {lookahead_tau:.2f}"
+            )
+        return Decision(
+            "lookahead",
+            f"stable; best drafter {kind} tau {tau:.2f} does not beat lookahead {lookahead_tau:.2f}",
+        )
+    pending = [d.kind for d in view.drafters if d.status in ("queued", "running")]
+    if pending:
+        return Decision("lookahead", f"stable; {pending[0]} drafter training in progress")
+    if settings.auto_train and view.name is not None:
+        return Decision(
+            "lookahead",
+            f"stable without a drafter; queueing {settings.train_kind} training",
+            train_kind=settings.train_kind,
+        )
+    return Decision("lookahead", "stable without a drafter")
+
+
+def _changing_reason(view: VariantView, settings: PolicySettings, now: float) -> str | None:
+    if not view.version_times:
+        return None
+    recent = [t for t in view.version_times if now - t <= settings.stability_window_s]
+    if len(recent) >= settings.changing_versions and len(view.version_times) > 1:
+        return f"changing: {len(recent)} versions in the last {settings.stability_window_s:.0f} s (>= {settings.changing_versions})"
+    age = now - max(view.version_times)
+    if age < settings.min_stable_age_s:
+        return f"changing: version {view.version} is {age:.0f} s old (< {settings.min_stable_age_s:.0f} s)"
+    return None
+
+
+def _tau(view: VariantView, strategy: str, settings: PolicySettings) -> float | None:
+    """Live tau of a strategy once it has served enough tokens."""
+    tau, tokens = view.measured_tau.get(strategy, (0.0, 0))
+    return tau if tokens >= settings.min_measured_tokens and tau > 0 else None

@@ -1,0 +1,64 @@
+"""Policy settings (configs/policy.yaml), a pydantic model passed to the router; unknown keys fail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class PolicySettings(BaseModel):
+    """When a variant counts as changing or stable, when drafters win, and how load gates speculation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stability_window_s: float = Field(
+        3600.0, gt=0, description="look back this far for new versions"
+    )
+    changing_versions: int = Field(
+        2, ge=1, description="this many versions inside the window = changing"
+    )
+    min_stable_age_s: float = Field(
+        600.0, ge=0, description="a version younger than this is changing"
+    )
+    drafter_margin: float = Field(
+        1.05, ge=1.0, description="a drafter must beat lookahead's tau by this factor"
+    )
+    lookahead_tau_prior: float = Field(
+        1.5, gt=0, description="lookahead tau assumed until measured"
+    )
+    min_measured_tokens: int = Field(
+        256, ge=0, description="live figures count once this many tokens"
+    )
+    auto_train: bool = Field(
+        True, description="queue drafter training for stable variants without one"
+    )
+    train_kind: str = Field("eagle", description="drafter kind auto-training queues")
+    drafter_kinds: list[str] = Field(
+        ["eagle", "medusa"], description="strategies that need trained heads"
+    )
+    busy_ongoing: int = Field(
+        4, ge=1, description="ongoing requests per replica at which drafts shrink"
+    )
+    busy_max_draft_tokens: int = Field(
+        4, ge=0, description="draft tokens allowed per step when busy"
+    )
+    saturated_ongoing: int = Field(
+        12, ge=1, description="ongoing requests per replica at which speculation stops"
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PolicySettings:
+        if self.saturated_ongoing <= self.busy_ongoing:
+            raise ValueError("saturated_ongoing must be above busy_ongoing")
+        if self.train_kind not in self.drafter_kinds:
+            raise ValueError(
+                f"train_kind {self.train_kind!r} must be one of drafter_kinds {self.drafter_kinds}"
+            )
+        return self
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> PolicySettings:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        return cls.model_validate(data.get("policy", data))

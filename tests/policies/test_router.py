@@ -1,0 +1,105 @@
+"""The policy's rules, one test per rule, with the reason visible."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specserve.policies.router import Decision, DrafterView, VariantView, decide
+from specserve.policies.settings import PolicySettings
+
+NOW = 1_000_000.0
+HOUR = 3600.0
+S = PolicySettings()
+
+
+def view(times, drafters=(), measured=None, forced=None, name="support"):
+    return VariantView(name, len(times), list(times), list(drafters), measured or {}, forced)
+
+
+STABLE = [NOW - 30 * HOUR, NOW - 5 * HOUR]
+
+
+def test_three_versions_inside_window_is_lookahead():
+    d = decide(
+        view([NOW - 50, NOW - 30, NOW - 10], [DrafterView("eagle", "succeeded", 4.0)]), 0, S, NOW
+    )
+    assert d.strategy == "lookahead" and "3 versions" in d.reason
+
+
+def test_young_single_version_is_changing():
+    d = decide(view([NOW - 60]), 0, S, NOW)
+    assert d.strategy == "lookahead" and "60 s old" in d.reason and d.train_kind is None
+
+
+def test_stable_with_better_drafter_is_that_drafter():
+    d = decide(
+        view(
+            STABLE,
+            [DrafterView("medusa", "succeeded", 2.0), DrafterView("eagle", "succeeded", 3.1)],
+        ),
+        0,
+        S,
+        NOW,
+    )
+    assert d == Decision("eagle", "stable; eagle tau 3.10 beats lookahead 1.50")
+
+
+def test_live_figures_override_held_out_and_prior():
+    measured = {"lookahead": (2.5, 10_000), "eagle": (2.4, 10_000)}
+    d = decide(view(STABLE, [DrafterView("eagle", "succeeded", 3.5)], measured), 0, S, NOW)
+    assert d.strategy == "lookahead" and "does not beat lookahead 2.50" in d.reason
+
+
+def test_too_few_live_tokens_do_not_count():
+    measured = {"lookahead": (9.0, 10)}
+    assert (
+        decide(view(STABLE, [DrafterView("eagle", "succeeded", 3.0)], measured), 0, S, NOW).strategy
+        == "eagle"
+    )
+
+
+def test_stable_without_drafter_queues_training_unless_off():
+    d = decide(view(STABLE), 0, S, NOW)
+    assert (d.strategy, d.train_kind) == ("lookahead", "eagle") and "queueing eagle" in d.reason
+    off = S.model_copy(update={"auto_train": False})
+    assert decide(view(STABLE), 0, off, NOW).train_kind is None
+    running = decide(view(STABLE, [DrafterView("eagle", "running")]), 0, S, NOW)
+    assert running.train_kind is None and "in progress" in running.reason
+
+
+def test_failed_drafter_does_not_serve():
+    d = decide(view(STABLE, [DrafterView("eagle", "failed", 5.0)]), 0, S, NOW)
+    assert d.strategy == "lookahead"
+
+
+def test_forced_strategy_wins_even_under_load():
+    d = decide(view(STABLE, forced="prompt_lookup"), 100, S, NOW)
+    assert d == Decision("prompt_lookup", "forced by admin to prompt_lookup")
+
+
+def test_busy_shortens_drafts_and_saturated_stops_speculation():
+    busy = decide(view(STABLE, [DrafterView("eagle", "succeeded", 3.0)]), S.busy_ongoing, S, NOW)
+    assert (
+        busy.strategy == "eagle"
+        and busy.max_draft_tokens == S.busy_max_draft_tokens
+        and "busy" in busy.reason
+    )
+    full = decide(
+        view(STABLE, [DrafterView("eagle", "succeeded", 3.0)]), S.saturated_ongoing, S, NOW
+    )
+    assert full.strategy == "ar" and "saturated" in full.reason
+
+
+def test_base_model_never_queues_training():
+    assert decide(view([], name=None), 0, S, NOW).train_kind is None
+
+
+def test_settings_validate_and_load_the_shipped_file():
+    shipped = PolicySettings.from_yaml(Path(__file__).parents[2] / "configs" / "policy.yaml")
+    assert shipped == PolicySettings()
+    with pytest.raises(ValueError, match="stabilty"):
+        PolicySettings.model_validate({"stabilty_window_s": 5})
+    with pytest.raises(ValueError, match="saturated_ongoing"):
+        PolicySettings(busy_ongoing=8, saturated_ongoing=8)
