@@ -42,6 +42,8 @@ class RequestState:
     adapter: str | None = None  # resident LoRA adapter name; None = the base model
     forwards: int = 0
     widths: list[int] = field(default_factory=list)  # tokens scored by each decode step
+    drafted_by_depth: list[int] = field(default_factory=list)  # [d]: steps drafting depth >= d+1
+    accepted_by_depth: list[int] = field(default_factory=list)  # [d]: steps accepting >= d+1
     finish_reason: str | None = None
     started_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
@@ -78,6 +80,8 @@ class GenerationResult:
     widths: list[int]  # tokens scored by each decode step (root + draft + aux; prefill excluded)
     seconds: float
     ttft_seconds: float
+    drafted_by_depth: list[int] = field(default_factory=list)  # [d]: steps drafting depth >= d+1
+    accepted_by_depth: list[int] = field(default_factory=list)  # [d]: steps accepting >= d+1
 
 
 class Engine:
@@ -158,6 +162,8 @@ class Engine:
         else:
             probs = target_probs(out.tree_logits, state.params).cpu()
             accepted, bonus = sample_accept(draft.tree, probs, state.generator)
+        _count(state.drafted_by_depth, max(draft.tree.depths, default=0))
+        _count(state.accepted_by_depth, len(accepted))
         hf_internals.keep_rows(state.cache, past + len(state.pending), accepted)
         new_ids = self._commit(state, [draft.tree.tokens[i] for i in accepted] + [bonus])
         state.proposer.observe(draft, out.aux_tokens, state.tokens)
@@ -220,4 +226,13 @@ class Engine:
             widths=list(state.widths),
             seconds=end - state.started_at,
             ttft_seconds=(state.first_token_at or end) - state.started_at,
+            drafted_by_depth=list(state.drafted_by_depth),
+            accepted_by_depth=list(state.accepted_by_depth),
         )
+
+
+def _count(by_depth: list[int], depth: int) -> None:
+    """Add one step reaching `depth` to per-depth counters. Example: [3, 1] + depth 3 -> [4, 2, 1]."""
+    by_depth.extend([0] * (depth - len(by_depth)))
+    for d in range(depth):
+        by_depth[d] += 1

@@ -447,3 +447,14 @@ def test_config_object_is_accepted(gate):
         LookaheadConfig(window=2, ngram=3),
     )
     assert got.output_ids == ref.output_ids
+
+
+def test_acceptance_counters_add_up(gate):
+    ar = gate.run("wander", "ar", 200)
+    assert ar.drafted_by_depth == [] and ar.accepted_by_depth == []
+    res = gate.run("wander", "la-w3-n4-g3", 200)
+    accepted = sum(res.accepted_by_depth)
+    assert accepted > 0 and len(res.output_ids) <= accepted + res.forwards
+    assert all(a <= d for a, d in zip(res.accepted_by_depth, res.drafted_by_depth, strict=False))
+    assert res.drafted_by_depth == sorted(res.drafted_by_depth, reverse=True)
+    assert res.drafted_by_depth[0] <= res.forwards - 1  # the prefill forward drafts nothing

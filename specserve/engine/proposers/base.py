@@ -41,6 +41,8 @@ class Strategy:
     config_type: type[BaseModel]
     build: Callable[[BaseModel, ProposerContext], Proposer]
     summary: str = ""
+    # limit(config, k) -> a config drafting at most k tokens per step (k >= 1); None: drafts nothing
+    limit: Callable[[BaseModel, int], BaseModel] | None = None
 
 
 class UnknownStrategyError(ValueError):
@@ -69,6 +71,13 @@ class StrategyRegistry:
             raise UnknownStrategyError(
                 f"strategy: unknown strategy {name!r}; valid strategies: {', '.join(self.names())}"
             ) from None
+
+    def limited(self, name: str, config: BaseModel, max_draft_tokens: int) -> BaseModel:
+        """`config` cut to draft at most `max_draft_tokens` (>= 1) per step (load shedding)."""
+        strategy = self.get(name)
+        if max_draft_tokens < 1:
+            raise ValueError(f"max_draft_tokens must be >= 1, not {max_draft_tokens}")
+        return strategy.limit(config, max_draft_tokens) if strategy.limit else config
 
     def config(self, name: str, config: BaseModel | dict | None = None) -> BaseModel:
         """Validate a config for strategy `name` (unknown fields fail, naming them)."""

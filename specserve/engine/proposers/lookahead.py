@@ -109,6 +109,18 @@ def _build(config: LookaheadConfig, ctx: ProposerContext) -> LookaheadProposer:
     return LookaheadProposer(config, ctx)
 
 
+def limit(config: LookaheadConfig, k: int) -> LookaheadConfig:
+    """At most k tokens per step: (window + guesses) * (ngram - 1) <= k; guesses go first.
+
+    Example: W4 N3 G2 (12 tokens) with k=6 -> W3 N3 G0; with k=1 -> W1 N2 G0.
+    """
+    ngram = min(config.ngram, k + 1)
+    levels = ngram - 1
+    window = min(config.window, k // levels)
+    guesses = min(config.guesses, k // levels - window)
+    return config.model_copy(update={"ngram": ngram, "window": window, "guesses": guesses})
+
+
 LOOKAHEAD = REGISTRY.register(
-    Strategy("lookahead", LookaheadConfig, _build, "Jacobi lookahead branch + n-gram pool")
+    Strategy("lookahead", LookaheadConfig, _build, "Jacobi lookahead branch + n-gram pool", limit)
 )

@@ -77,6 +77,21 @@ def _build(config: PromptLookupConfig, ctx: ProposerContext) -> PromptLookupProp
     return PromptLookupProposer(config)
 
 
+def limit(config: PromptLookupConfig, k: int) -> PromptLookupConfig:
+    """At most k tokens per step: max_matches * longest draft <= k.
+
+    Example: draft_len 6, max_matches 2 (12 tokens) with k=4 -> draft_len 4, max_matches 1.
+    """
+    longest = min(max(config.draft_len, config.max_draft_len), k)
+    draft_len = min(config.draft_len, longest)
+    max_draft_len = longest if config.max_draft_len else 0
+    matches = max(1, min(config.max_matches, k // longest))
+    update = {"draft_len": draft_len, "max_draft_len": max_draft_len, "max_matches": matches}
+    return config.model_copy(update=update)
+
+
 PROMPT_LOOKUP = REGISTRY.register(
-    Strategy("prompt_lookup", PromptLookupConfig, _build, "n-gram match over prompt and output")
+    Strategy(
+        "prompt_lookup", PromptLookupConfig, _build, "n-gram match over prompt and output", limit
+    )
 )
