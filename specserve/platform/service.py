@@ -1,0 +1,167 @@
+"""One base model's serving core, independent of Ray: variants, policy, engine, streamed events.
+
+`ModelService.generate(request)` picks the strategy (policy), makes the variant's adapter resident,
+decodes with its n-gram pool, and yields `{"type": "delta", ...}` events then one `"done"` event.
+Requests on one replica take turns step by step (one forward at a time, FIFO), so all stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from specserve.adapters.resident import ResidentAdapters
+from specserve.adapters.variants import PoolBook, VariantKey
+from specserve.engine.decode import Engine, RequestState
+from specserve.engine.prompts import encode_chat, encode_prompt
+from specserve.engine.proposers import REGISTRY
+from specserve.engine.sampling import SamplingParams
+from specserve.policies.router import Decision, DrafterView, VariantView, decide
+from specserve.policies.settings import PolicySettings
+
+
+class Target(BaseModel):
+    """What the gateway resolved a `model` name to; name None = the base model itself."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    version: int = 0
+    adapter_path: str | None = None
+    version_times: list[float] = []
+    drafters: list[dict] = []  # DrafterView fields
+    measured_tau: dict[str, tuple[float, int]] = {}
+    forced_strategy: str | None = None
+
+    @property
+    def key(self) -> VariantKey | None:
+        return VariantKey(self.name, self.version) if self.name else None
+
+    def view(self) -> VariantView:
+        drafters = [DrafterView(**d) for d in self.drafters]
+        return VariantView(
+            self.name,
+            self.version,
+            self.version_times,
+            drafters,
+            self.measured_tau,
+            self.forced_strategy,
+        )
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    target: Target
+    prompt: str | None = None  # a completion: raw text
+    messages: list[dict[str, str]] | None = None  # a chat: through the chat template
+    params: SamplingParams
+    strategy: str | None = Field(None, description="bypass the policy (tests, benchmarks)")
+
+
+class ModelService:
+    """Serves every variant of one loaded base model."""
+
+    def __init__(
+        self,
+        loaded,
+        adapters: ResidentAdapters,
+        pools: PoolBook,
+        policy: PolicySettings,
+        strategy_configs: dict[str, BaseModel] | None = None,
+        pad_width: Callable[[int], int] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.loaded = loaded
+        self.adapters = adapters
+        self.pools = pools
+        self.policy = policy
+        self.strategy_configs = strategy_configs or {}
+        self.engine = Engine(adapters.model, loaded.tokenizer, loaded.eos_token_ids, pad_width)
+        self.clock = clock
+        self.ongoing = 0
+        self._turn: asyncio.Lock | None = None
+
+    def encode(self, request: GenerateRequest) -> list[int]:
+        tok = self.loaded.tokenizer
+        if request.messages is not None:
+            return encode_chat(tok, request.messages)
+        return encode_prompt(tok, request.prompt or "", chat=False)
+
+    def choose(self, request: GenerateRequest) -> tuple[Decision, BaseModel]:
+        """The policy's decision for this request and the strategy config it implies."""
+        if request.strategy:
+            decision = Decision(request.strategy, "strategy set by the caller")
+        else:
+            decision = decide(request.target.view(), self.ongoing, self.policy, self.clock())
+        config = REGISTRY.config(decision.strategy, self.strategy_configs.get(decision.strategy))
+        if decision.max_draft_tokens:
+            config = REGISTRY.limited(decision.strategy, config, decision.max_draft_tokens)
+        return decision, config
+
+    def ensure_variant(self, target: Target) -> str | None:
+        """Make the target's adapter resident; its resident name, or None for the base."""
+        if target.key is None:
+            return None
+        if not target.adapter_path:
+            raise ValueError(f"variant {target.key}: no adapter path")
+        name = str(target.key)
+        self.adapters.ensure(name, target.adapter_path)
+        self.engine.model = self.adapters.model  # the peft wrapper once the first adapter loads
+        return name
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[dict]:
+        """Yield delta events, then a done event; cancelling the consumer stops the decode."""
+        if self._turn is None:
+            self._turn = asyncio.Lock()
+        adapter = self.ensure_variant(request.target)
+        decision, config = self.choose(request)
+        ids = self.encode(request)
+        pool = self.pools.pool(request.target.key)
+        hold = self.adapters.hold(adapter) if adapter else _nothing()
+        with hold:
+            state = self.engine.start(ids, request.params, decision.strategy, config, pool, adapter)
+            self.ongoing += 1
+            try:
+                while not state.done:
+                    async with self._turn:
+                        step = await asyncio.to_thread(self.engine.step, state)
+                    if step.text:
+                        yield {"type": "delta", "text": step.text, "token_ids": step.new_ids}
+                yield self._done(request, state, decision)
+            finally:
+                self.ongoing -= 1
+
+    def _done(self, request: GenerateRequest, state: RequestState, decision: Decision) -> dict:
+        result = self.engine.result(state)
+        return {
+            "type": "done",
+            "finish_reason": result.finish_reason,
+            "usage": {
+                "prompt_tokens": len(result.prompt_ids),
+                "completion_tokens": len(result.output_ids),
+                "total_tokens": len(result.prompt_ids) + len(result.output_ids),
+            },
+            "specserve": {
+                "variant": request.target.name,
+                "version": request.target.version or None,
+                "strategy": decision.strategy,
+                "reason": decision.reason,
+                "tau": round(result.tau, 3),
+                "forwards": result.forwards,
+                "drafted_by_depth": result.drafted_by_depth,
+                "accepted_by_depth": result.accepted_by_depth,
+                "train_kind": decision.train_kind,
+            },
+        }
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,126 @@
+"""The serving core without Ray: policy choice, variants, exact output, streaming, turn-taking."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+
+import pytest
+
+from specserve.adapters.resident import ResidentAdapters
+from specserve.adapters.settings import AdapterLimits
+from specserve.adapters.variants import PoolBook
+from specserve.engine.decode import Engine
+from specserve.engine.models import LoadedModel
+from specserve.engine.sampling import SamplingParams
+from specserve.platform.service import GenerateRequest, ModelService, Target
+from specserve.policies.settings import PolicySettings
+
+
+class WordTokenizer:
+    """'w<i>' words <-> ids; no chat template."""
+
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [int(w[1:]) for w in text.split()]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f"w{i} " for i in ids)
+
+
+PROMPT = "w5 w9 w14 w3 w5 w9 w14 w7 w5 w9"
+
+
+@pytest.fixture
+def service(tiny_llama, adapter_root):
+    base = copy.deepcopy(tiny_llama(1, init_range=0.1))
+    loaded = LoadedModel(base, WordTokenizer(), "tiny", None, None, frozenset())
+    adapters = ResidentAdapters(base, ["tiny-llama"], AdapterLimits(root=adapter_root))
+    return ModelService(loaded, adapters, PoolBook(), PolicySettings(), clock=lambda: 1e6)
+
+
+def _run(service, request):
+    async def collect():
+        return [event async for event in service.generate(request)]
+
+    return asyncio.run(collect())
+
+
+def _request(target=None, strategy=None, max_new=20):
+    return GenerateRequest(
+        target=target or Target(),
+        prompt=PROMPT,
+        params=SamplingParams(max_new_tokens=max_new),
+        strategy=strategy,
+    )
+
+
+def test_base_request_streams_the_engine_output(service, tiny_llama):
+    events = _run(service, _request())
+    deltas, done = events[:-1], events[-1]
+    expected = Engine(
+        copy.deepcopy(tiny_llama(1, init_range=0.1)), WordTokenizer(), frozenset()
+    ).generate([5, 9, 14, 3, 5, 9, 14, 7, 5, 9], SamplingParams(max_new_tokens=20))
+    assert "".join(e["text"] for e in deltas) == expected.text
+    assert done["usage"] == {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30}
+    assert done["specserve"]["strategy"] == "lookahead" and done["specserve"]["reason"]
+
+
+def test_variant_request_equals_merged_adapter(service, make_adapter, merge_adapter, tiny_llama):
+    base = tiny_llama(1, init_range=0.1)
+    path = make_adapter("v", base, seed=7)
+    target = Target(name="v", version=1, adapter_path=str(path), version_times=[1e6 - 10])
+    events = _run(service, _request(target))
+    merged = Engine(merge_adapter(base, path), WordTokenizer(), frozenset())
+    expected = merged.generate([5, 9, 14, 3, 5, 9, 14, 7, 5, 9], SamplingParams(max_new_tokens=20))
+    assert "".join(e["text"] for e in events[:-1]) == expected.text
+    done = events[-1]["specserve"]
+    assert (done["variant"], done["version"], done["strategy"]) == ("v", 1, "lookahead")
+    assert "changing" in done["reason"]
+    assert service.adapters.names == ["v@1"]
+
+
+def test_busy_replica_gets_limited_config(service):
+    service.ongoing = service.policy.busy_ongoing
+    decision, config = service.choose(_request(Target(version_times=[1e6])))
+    assert decision.max_draft_tokens == service.policy.busy_max_draft_tokens
+    assert (config.window + config.guesses) * (config.ngram - 1) <= decision.max_draft_tokens
+
+
+def test_concurrent_requests_take_turns_and_all_finish(service):
+    async def both():
+        async def one(strategy):
+            start = time.perf_counter()
+            first = None
+            async for e in service.generate(_request(strategy=strategy, max_new=30)):
+                if first is None:
+                    first = time.perf_counter() - start
+                last = e
+            return first, last
+
+        return await asyncio.gather(one("ar"), one("prompt_lookup"), one("lookahead"))
+
+    results = asyncio.run(both())
+    texts = {r[1]["specserve"]["strategy"] for r in results}
+    assert texts == {"ar", "prompt_lookup", "lookahead"} and service.ongoing == 0
+
+
+def test_cancelled_consumer_frees_the_request(service):
+    async def cancel_early():
+        agen = service.generate(_request(max_new=60))
+        await agen.__anext__()
+        assert service.ongoing == 1
+        await agen.aclose()
+        return service.ongoing
+
+    assert asyncio.run(cancel_early()) == 0
+
+
+def test_prompt_too_long_is_a_value_error(service):
+    request = GenerateRequest(
+        target=Target(), prompt="w1 " * 1020, params=SamplingParams(max_new_tokens=10)
+    )
+    with pytest.raises(ValueError, match="prompt"):
+        _run(service, request)
