@@ -1,0 +1,42 @@
+from specserve.platform.metrics import Metrics
+
+
+def _done(variant, strategy="lookahead"):
+    return {
+        "usage": {"completion_tokens": 12},
+        "specserve": {
+            "variant": variant,
+            "strategy": strategy,
+            "forwards": 5,
+            "drafted_by_depth": [4, 3],
+            "accepted_by_depth": [3, 1],
+        },
+    }
+
+
+def test_request_metrics_render():
+    m = Metrics()
+    m.observe_request("chat", "smollm2-135m", _done("support"), 1.5, 0.2, [0.05, 0.07])
+    text = m.render().decode()
+    assert (
+        'specserve_generated_tokens_total{base_model="smollm2-135m",strategy="lookahead",variant="support"} 12.0'
+        in text
+    )
+    assert (
+        'specserve_accepted_steps_total{base_model="smollm2-135m",position="2",strategy="lookahead",variant="support"} 1.0'
+        in text
+    )
+    assert "specserve_itl_seconds_count" in text and "specserve_ttft_seconds_bucket" in text
+
+
+def test_variant_labels_are_bounded():
+    m = Metrics(max_variants=2)
+    labels = [m.variant_label(f"v{i}") for i in range(5)]
+    assert labels == ["v0", "v1", "other", "other", "other"]
+    assert m.variant_label("v0") == "v0" and m.variant_label(None) == "base"
+
+
+def test_separate_instances_do_not_share_state():
+    a, b = Metrics(), Metrics()
+    a.observe_error("chat", 404, "model_not_found")
+    assert "model_not_found" in a.render().decode() and "model_not_found" not in b.render().decode()
