@@ -32,7 +32,7 @@ def load_yaml(path: Path) -> dict:
     with open(path) as f:
         data = yaml.safe_load(f)
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a YAML mapping")
+        raise TypeError(f"{path}: expected a YAML mapping, got {type(data).__name__}")
     return data
 
 

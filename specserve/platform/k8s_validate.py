@@ -23,7 +23,7 @@ K8S_VERSION = "1.30"  # oldest Kubernetes the manifests target; core schemas of 
 RAY_PORTS = frozenset({6379, 8265, 10001, 8080, 52365})  # GCS, dashboard, client, metrics, agent
 REDIS_PORT = 6379
 GATEWAY_PORT = 8000
-_SECRET_NAME = re.compile(r"PASSWORD|TOKEN|SECRET|(^|_)KEY(S)?($|_)")
+_SECRET_NAME = re.compile(r"(PASSWORD|TOKEN|SECRET|KEYS?)$")  # env names holding secrets
 
 try:
     _Loader = yaml.CSafeLoader
@@ -46,7 +46,7 @@ def render(path: Path, kubectl: str | None = None) -> list[dict]:
     if kubectl is None:
         raise RuntimeError("kubectl not found")
     out = subprocess.run(
-        [kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=120
+        [kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=120, check=False
     )
     if out.returncode != 0:
         raise RuntimeError(f"kubectl kustomize {path} failed: {out.stderr.strip()}")
@@ -103,7 +103,9 @@ def schema_problems(obj: dict) -> list[str]:
             # what KubeRay will create from it must be a valid RayCluster too
             cluster_spec = crd_schema("RayCluster")["properties"]["spec"]
             cluster = obj["spec"].get("rayClusterConfig", {})
-            problems += _errors(jsonschema.Draft7Validator(cluster_spec), cluster, f"{name} (as RayCluster)")
+            problems += _errors(
+                jsonschema.Draft7Validator(cluster_spec), cluster, f"{name} (as RayCluster)"
+            )
         return problems
     import kubernetes_validate
 
@@ -162,11 +164,17 @@ def exposure_problems(objs: list[dict]) -> list[str]:
         serve = spec.get("serveService", {}).get("spec", {})
         if serve.get("type", "ClusterIP") not in ("ClusterIP", "LoadBalancer"):
             problems.append(f"RayService/{rname}: gateway Service type {serve.get('type')}")
-        if serve.get("externalIPs") or ({p.get("port") for p in serve.get("ports", [])} - {GATEWAY_PORT}):
-            problems.append(f"RayService/{rname}: gateway Service exposes more than port {GATEWAY_PORT}")
+        if serve.get("externalIPs") or (
+            {p.get("port") for p in serve.get("ports", [])} - {GATEWAY_PORT}
+        ):
+            problems.append(
+                f"RayService/{rname}: gateway Service exposes more than port {GATEWAY_PORT}"
+            )
         head = spec.get("rayClusterConfig", {}).get("headGroupSpec", {})
         if head.get("serviceType", "ClusterIP") != "ClusterIP":
-            problems.append(f"RayService/{rname}: head Service {head['serviceType']} exposes Ray's ports")
+            problems.append(
+                f"RayService/{rname}: head Service {head['serviceType']} exposes Ray's ports"
+            )
         if head.get("headService", {}).get("spec", {}).get("type", "ClusterIP") != "ClusterIP":
             problems.append(f"RayService/{rname}: custom head Service is not ClusterIP")
         if head.get("enableIngress"):
@@ -179,8 +187,13 @@ def exposure_problems(objs: list[dict]) -> list[str]:
         for b in backends:
             svc = b.get("service", {})
             port = svc.get("port", {})
-            if svc.get("name") != gateway or port not in ({"number": GATEWAY_PORT}, {"name": "serve"}):
-                problems.append(f"Ingress/{iname}: backend {svc.get('name')}:{port} is not the gateway")
+            if svc.get("name") != gateway or port not in (
+                {"number": GATEWAY_PORT},
+                {"name": "serve"},
+            ):
+                problems.append(
+                    f"Ingress/{iname}: backend {svc.get('name')}:{port} is not the gateway"
+                )
     return problems
 
 
@@ -214,25 +227,32 @@ def secret_problems(objs: list[dict]) -> list[str]:
     """
     problems = []
     workloads = [o for o in objs if o.get("kind") in ("Deployment", "StatefulSet")]
-    containers = [(f"{o['kind']}/{o['metadata']['name']}", c) for o in workloads for c in _containers(o)]
+    containers = [
+        (f"{o['kind']}/{o['metadata']['name']}", c) for o in workloads for c in _containers(o)
+    ]
     for rs in _rayservices(objs):
         for group, c in ray_containers(rs).items():
             containers.append((f"RayService/{rs['metadata']['name']}[{group}]", c))
         gcs = rs["spec"]["rayClusterConfig"].get("gcsFaultToleranceOptions")
         if gcs and "secretKeyRef" not in ((gcs.get("redisPassword") or {}).get("valueFrom") or {}):
-            problems.append(f"RayService/{rs['metadata']['name']}: GCS Redis password not from a Secret")
+            problems.append(
+                f"RayService/{rs['metadata']['name']}: GCS Redis password not from a Secret"
+            )
     redis = [(w, c) for w, c in containers if "redis" in str(c.get("image", "")).split("/")[-1]]
     if not redis:
         problems.append("no Redis container found")
     for where, c in redis:
         script = " ".join(c.get("command", []) + c.get("args", []))
-        if "requirepass ${REDIS_PASSWORD}" not in script or not _env_from_secret(c, "REDIS_PASSWORD"):
+        if "requirepass ${REDIS_PASSWORD}" not in script or not _env_from_secret(
+            c, "REDIS_PASSWORD"
+        ):
             problems.append(f"{where}: Redis without requirepass from a Secret")
     for where, c in containers:
         for env in c.get("env", []):
-            if _SECRET_NAME.search(env.get("name", "")) and "value" in env:
-                if "$(" not in env["value"]:  # a URL built from secret variables is fine
-                    problems.append(f"{where}: {env['name']} has a literal value")
+            # a literal value, unless it is built from other (secret) variables, like REDIS_URL
+            literal = "value" in env and "$(" not in str(env["value"])
+            if literal and _SECRET_NAME.search(env.get("name", "")):
+                problems.append(f"{where}: {env['name']} has a literal value")
     return problems
 
 

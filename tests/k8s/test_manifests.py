@@ -37,7 +37,10 @@ def _rayservice(objs):
         ("spec.rayClusterConfig", {"enableInTreeAutoscalin": True}),  # misspelt field
         ("spec.rayClusterConfig.workerGroupSpecs.0", {"maxReplicas": "lots"}),
         ("spec.rayClusterConfig.gcsFaultToleranceOptions", {"backend": "etcd"}),
-        ("spec.rayClusterConfig.headGroupSpec.template.spec.containers.0.resources.limits", {"cpu": "two"}),
+        (
+            "spec.rayClusterConfig.headGroupSpec.template.spec.containers.0.resources.limits",
+            {"cpu": "two"},
+        ),
         ("spec", {"serveService": {"spec": {"type": 7}}}),
     ],
 )
@@ -121,10 +124,16 @@ def test_cluster_shape(rendered):
             res = c["resources"]
             assert res["requests"] and res["limits"], (name, where)
     groups = _rayservice(rendered["prod"])["spec"]["rayClusterConfig"]["workerGroupSpecs"]
-    gpu = [g for g in groups if "nvidia.com/gpu" in g["template"]["spec"]["containers"][0]["resources"]["limits"]]
+    gpu = [
+        g
+        for g in groups
+        if "nvidia.com/gpu" in g["template"]["spec"]["containers"][0]["resources"]["limits"]
+    ]
     assert len(gpu) == 1 and gpu[0]["maxReplicas"] >= 2
     serve = yaml.safe_load(_rayservice(rendered["prod"])["spec"]["serveConfigV2"])
-    (model_server,) = [d for d in serve["applications"][0]["deployments"] if d["name"].startswith("ModelServer-")]
+    (model_server,) = [
+        d for d in serve["applications"][0]["deployments"] if d["name"].startswith("ModelServer-")
+    ]
     # the autoscaler can place every ModelServer replica the Serve autoscaler may ask for
     assert model_server["autoscaling_config"]["max_replicas"] <= gpu[0]["maxReplicas"]
 
@@ -164,12 +173,44 @@ def _mutated(objs, kind, name, change):
     [
         ("Service", "specserve-redis-pool", lambda o: o["spec"].update(type="LoadBalancer")),
         ("Service", "specserve-redis-registry", lambda o: o["spec"].update(type="NodePort")),
-        ("RayService", "specserve", lambda o: o["spec"]["rayClusterConfig"]["headGroupSpec"].update(serviceType="LoadBalancer")),
-        ("RayService", "specserve", lambda o: o["spec"]["rayClusterConfig"]["headGroupSpec"].update(enableIngress=True)),
-        ("RayService", "specserve", lambda o: o["spec"]["serveService"]["spec"].update(type="NodePort")),
-        ("RayService", "specserve", lambda o: o["spec"]["serveService"]["spec"]["ports"].append({"name": "dashboard", "port": 8265})),
-        ("Ingress", "specserve-gateway", lambda o: o["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"].update(name="specserve-redis-registry")),
-        ("Ingress", "specserve-gateway", lambda o: o["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"].update(port={"number": 8265})),
+        (
+            "RayService",
+            "specserve",
+            lambda o: o["spec"]["rayClusterConfig"]["headGroupSpec"].update(
+                serviceType="LoadBalancer"
+            ),
+        ),
+        (
+            "RayService",
+            "specserve",
+            lambda o: o["spec"]["rayClusterConfig"]["headGroupSpec"].update(enableIngress=True),
+        ),
+        (
+            "RayService",
+            "specserve",
+            lambda o: o["spec"]["serveService"]["spec"].update(type="NodePort"),
+        ),
+        (
+            "RayService",
+            "specserve",
+            lambda o: o["spec"]["serveService"]["spec"]["ports"].append(
+                {"name": "dashboard", "port": 8265}
+            ),
+        ),
+        (
+            "Ingress",
+            "specserve-gateway",
+            lambda o: o["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"].update(
+                name="specserve-redis-registry"
+            ),
+        ),
+        (
+            "Ingress",
+            "specserve-gateway",
+            lambda o: o["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"].update(
+                port={"number": 8265}
+            ),
+        ),
     ],
 )
 def test_exposure_check_catches(rendered, kind, name, change):
@@ -188,10 +229,30 @@ def _redis_container(o):
 @pytest.mark.parametrize(
     "kind, name, change",
     [
-        ("StatefulSet", "specserve-redis-registry", lambda o: _redis_container(o).update(args=["exec redis-server /etc/redis/redis.conf"])),
-        ("Deployment", "specserve-redis-pool", lambda o: _redis_container(o)["env"][0].update(value="hunter2", valueFrom=None)),
-        ("RayService", "specserve", lambda o: o["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"].update(redisPassword={"value": "hunter2"})),
-        ("RayService", "specserve", lambda o: o["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"].append({"name": "SPECSERVE_ADMIN_TOKEN", "value": "t"})),
+        (
+            "StatefulSet",
+            "specserve-redis-registry",
+            lambda o: _redis_container(o).update(args=["exec redis-server /etc/redis/redis.conf"]),
+        ),
+        (
+            "Deployment",
+            "specserve-redis-pool",
+            lambda o: _redis_container(o)["env"][0].update(value="hunter2", valueFrom=None),
+        ),
+        (
+            "RayService",
+            "specserve",
+            lambda o: o["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"].update(
+                redisPassword={"value": "hunter2"}
+            ),
+        ),
+        (
+            "RayService",
+            "specserve",
+            lambda o: o["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"][
+                "containers"
+            ][0]["env"].append({"name": "SPECSERVE_ADMIN_TOKEN", "value": "t"}),
+        ),
     ],
 )
 def test_secret_check_catches(rendered, kind, name, change):
@@ -200,13 +261,17 @@ def test_secret_check_catches(rendered, kind, name, change):
 
 def _redis_conf(objs, key):
     conf = the(objs, "ConfigMap", "specserve-redis-config")["data"][key]
-    return dict(line.split(None, 1) for line in conf.splitlines() if line and not line.startswith("#"))
+    return dict(
+        line.split(None, 1) for line in conf.splitlines() if line and not line.startswith("#")
+    )
 
 
 def test_redis_roles(rendered):
     for name, objs in rendered.items():
         registry = _redis_conf(objs, "registry.conf")
-        assert registry["appendonly"] == "yes" and registry["maxmemory-policy"] == "noeviction", name
+        assert registry["appendonly"] == "yes" and registry["maxmemory-policy"] == "noeviction", (
+            name
+        )
         assert registry["dir"] == "/data"
         sts = the(objs, "StatefulSet", "specserve-redis-registry")
         assert [c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]] == ["data"]
@@ -214,7 +279,9 @@ def test_redis_roles(rendered):
         pool = _redis_conf(objs, "pool.conf")
         assert pool["maxmemory-policy"] == "allkeys-lru" and pool["maxmemory"] == "256mb", name
         assert pool["appendonly"] == "no", name
-        limit = _redis_container(the(objs, "Deployment", "specserve-redis-pool"))["resources"]["limits"]["memory"]
+        limit = _redis_container(the(objs, "Deployment", "specserve-redis-pool"))["resources"][
+            "limits"
+        ]["memory"]
         assert limit == "384Mi", name  # above maxmemory: Redis evicts before the kernel kills it
         gcs = _rayservice(objs)["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
         assert gcs["redisAddress"] == "specserve-redis-registry:6379", name
@@ -230,7 +297,9 @@ def test_app_environment_and_mounts(rendered):
             for key in ("env", "envFrom", "volumeMounts"):
                 assert c[key] == head[key], (name, group, key)
         pod_specs = [rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]]
-        pod_specs += [g["template"]["spec"] for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]]
+        pod_specs += [
+            g["template"]["spec"] for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+        ]
         volumes = {v["name"]: v for v in pod_specs[0]["volumes"]}
         assert all(s["volumes"] == pod_specs[0]["volumes"] for s in pod_specs), name
         mounts = {m["mountPath"]: volumes[m["name"]] for m in head["volumeMounts"]}
@@ -240,7 +309,9 @@ def test_app_environment_and_mounts(rendered):
         assert env["SPECSERVE_ADAPTER_ROOT"].startswith("/data/specserve/")
         policy_dir, policy_file = env["SPECSERVE_POLICY_FILE"].rsplit("/", 1)
         policy_cm = the(objs, "ConfigMap", mounts[policy_dir]["configMap"]["name"])
-        assert yaml.safe_load(policy_cm["data"][policy_file]) == k8s_render.load_yaml(ROOT / "configs" / "policy.yaml")
+        assert yaml.safe_load(policy_cm["data"][policy_file]) == k8s_render.load_yaml(
+            ROOT / "configs" / "policy.yaml"
+        )
         tenants_dir, _ = env["SPECSERVE_TENANT_KEYS_FILE"].rsplit("/", 1)
         assert mounts[tenants_dir]["secret"]["secretName"] == "specserve-tenants"
         the(objs, "PersistentVolumeClaim", "specserve-models")
@@ -261,6 +332,10 @@ def test_secrets_only_placeholders_in_dev_and_none_in_prod(rendered):
     # every Secret the pods refer to exists in dev, under the keys they ask for
     refs = set()
     for c in ray_containers(_rayservice(rendered["dev"])).values():
-        refs |= {(e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"]) for e in c["env"] if "valueFrom" in e}
+        refs |= {
+            (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+            for e in c["env"]
+            if "valueFrom" in e
+        }
     for name, key in refs:
         assert key in secrets[name]["data"], (name, key)

@@ -23,11 +23,18 @@ ROLES = {  # workload, ConfigMap key, settings redis-server must report
     "pool": (
         ("Deployment", "specserve-redis-pool"),
         "pool.conf",
-        {"appendonly": "no", "maxmemory-policy": "allkeys-lru", "maxmemory": str(256 * 2**20), "save": ""},
+        {
+            "appendonly": "no",
+            "maxmemory-policy": "allkeys-lru",
+            "maxmemory": str(256 * 2**20),
+            "save": "",
+        },
     ),
 }
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+needs_redis = pytest.mark.skipif(
+    shutil.which("redis-server") is None, reason="redis-server not installed"
+)
 
 
 def _free_port() -> int:
@@ -57,8 +64,10 @@ def _start(objs, role, tmp_path):
     assert argv[:2] == ["sh", "-c"] and "/etc/redis/redis.conf" in argv[2]
     argv[2] = argv[2].replace("/etc/redis/redis.conf", str(tmp_path / "redis.conf"))
     proc = subprocess.Popen(
-        argv, env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "REDIS_PASSWORD": PASSWORD},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        argv,
+        env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "REDIS_PASSWORD": PASSWORD},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     client = redis.Redis(port=port, password=PASSWORD, socket_timeout=5)
     for _ in range(100):
@@ -73,6 +82,7 @@ def _start(objs, role, tmp_path):
     raise AssertionError("redis-server did not come up")
 
 
+@needs_redis
 @pytest.mark.parametrize("role", sorted(ROLES))
 def test_redis_container_requires_password_and_keeps_its_role(rendered, role, tmp_path):
     proc, port, client = _start(rendered["dev"], role, tmp_path)
@@ -93,10 +103,15 @@ def test_redis_container_requires_password_and_keeps_its_role(rendered, role, tm
 def test_overlays_share_the_redis_setup(rendered):
     """What ran above for dev is what every overlay deploys."""
     for name, objs in rendered.items():
-        assert the(objs, "ConfigMap", "specserve-redis-config")["data"] == the(
-            rendered["dev"], "ConfigMap", "specserve-redis-config"
-        )["data"], name
+        assert (
+            the(objs, "ConfigMap", "specserve-redis-config")["data"]
+            == the(rendered["dev"], "ConfigMap", "specserve-redis-config")["data"]
+        ), name
         for (kind, wname), _, _ in ROLES.values():
             ours = the(objs, kind, wname)["spec"]["template"]["spec"]["containers"][0]
             dev = the(rendered["dev"], kind, wname)["spec"]["template"]["spec"]["containers"][0]
-            assert (ours["command"], ours["args"], ours["env"]) == (dev["command"], dev["args"], dev["env"])
+            assert (ours["command"], ours["args"], ours["env"]) == (
+                dev["command"],
+                dev["args"],
+                dev["env"],
+            )

@@ -36,7 +36,10 @@ def test_a_changed_config_makes_files_stale(repo_copy):
     serve = repo_copy / "configs" / "serve.yaml"
     serve.write_text(serve.read_text().replace("max_tokens: 1024", "max_tokens: 2048"))
     stale = {str(p) for p in k8s_render.stale(repo_copy)}
-    assert stale == {"k8s/base/generated/serve-config.yaml", "k8s/overlays/prod/generated/serve-config.yaml"}
+    assert stale == {
+        "k8s/base/generated/serve-config.yaml",
+        "k8s/overlays/prod/generated/serve-config.yaml",
+    }
     assert k8s_render.main(["--check", "--root", str(repo_copy)]) == 1
     assert k8s_render.main(["--root", str(repo_copy)]) == 0
     assert k8s_render.stale(repo_copy) == []
@@ -70,7 +73,11 @@ def test_overrides_resize_deployments_deeply():
                     "name": "app",
                     "deployments": [
                         {"name": "Gateway", "autoscaling_config": {"max_replicas": 8}},
-                        {"name": "ModelServer-a", "ray_actor_options": {"num_gpus": 1}, "max_ongoing_requests": 32},
+                        {
+                            "name": "ModelServer-a",
+                            "ray_actor_options": {"num_gpus": 1},
+                            "max_ongoing_requests": 32,
+                        },
                     ],
                 }
             ]
@@ -78,8 +85,15 @@ def test_overrides_resize_deployments_deeply():
     )
     gateway, server = out["applications"][0]["deployments"]
     assert gateway["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 8}
-    assert server == {"name": "ModelServer-a", "ray_actor_options": {"num_cpus": 1, "num_gpus": 1}, "max_ongoing_requests": 32}
-    assert CONFIG["applications"][0]["deployments"][1] == {"name": "ModelServer-a", "ray_actor_options": {"num_cpus": 1}}
+    assert server == {
+        "name": "ModelServer-a",
+        "ray_actor_options": {"num_cpus": 1, "num_gpus": 1},
+        "max_ongoing_requests": 32,
+    }
+    assert CONFIG["applications"][0]["deployments"][1] == {
+        "name": "ModelServer-a",
+        "ray_actor_options": {"num_cpus": 1},
+    }
 
 
 @pytest.mark.parametrize(
@@ -89,8 +103,16 @@ def test_overrides_resize_deployments_deeply():
         {"applications": [{"name": "app", "import_path": "other:f"}]},
         {"applications": [{"name": "app", "args": {"models": ["b"]}}]},
         {"applications": [{"name": "other", "deployments": []}]},
-        {"applications": [{"name": "app", "deployments": [{"name": "Extra", "max_ongoing_requests": 1}]}]},
-        {"applications": [{"name": "app", "deployments": [{"name": "Gateway", "user_config": {}}]}]},
+        {
+            "applications": [
+                {"name": "app", "deployments": [{"name": "Extra", "max_ongoing_requests": 1}]}
+            ]
+        },
+        {
+            "applications": [
+                {"name": "app", "deployments": [{"name": "Gateway", "user_config": {}}]}
+            ]
+        },
     ],
 )
 def test_overrides_cannot_change_the_application(overrides):

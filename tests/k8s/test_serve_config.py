@@ -16,7 +16,9 @@ from specserve.platform import k8s_render, k8s_validate
 
 ROOT = k8s_render.ROOT
 CONFIGS = {"configs/serve.yaml": k8s_render.load_yaml(ROOT / "configs" / "serve.yaml")}
-CONFIGS.update({f"overlay {o}": k8s_render.overlay_serve_config(ROOT, o) for o in k8s_validate.overlays()})
+CONFIGS.update(
+    {f"overlay {o}": k8s_render.overlay_serve_config(ROOT, o) for o in k8s_validate.overlays()}
+)
 
 
 def _models_in(annotation) -> list[type[BaseModel]]:
@@ -85,7 +87,11 @@ def test_platform_contract():
     assert args["models"] and set(args["models"]) <= set(catalog)
     assert (ROOT / args["policy_file"]).is_file()
     assert args["adapter_root"] is None or Path(args["adapter_root"]).is_absolute()
-    assert args["max_body_bytes"] > 0 and args["max_tokens"] > 0 and args["max_adapters_per_replica"] > 0
+    assert (
+        args["max_body_bytes"] > 0
+        and args["max_tokens"] > 0
+        and args["max_adapters_per_replica"] > 0
+    )
     names = [d["name"] for d in app["deployments"]]
     assert names == ["Gateway"] + [f"ModelServer-{m}" for m in args["models"]]
     for dep in app["deployments"]:
