@@ -141,6 +141,8 @@ def test_cluster_shape(rendered):
 def test_gateway_probes_and_service(rendered):
     for name, objs in rendered.items():
         rs = _rayservice(objs)
+        serve = yaml.safe_load(rs["spec"]["serveConfigV2"])
+        assert serve["http_options"]["port"] == 8000  # the port everything below refers to
         assert rs["spec"]["excludeHeadPodFromServeSvc"] is True
         assert rs["spec"]["serveService"]["spec"]["ports"] == [{"name": "serve", "port": 8000}]
         containers = ray_containers(rs)
@@ -339,3 +341,9 @@ def test_secrets_only_placeholders_in_dev_and_none_in_prod(rendered):
         }
     for name, key in refs:
         assert key in secrets[name]["data"], (name, key)
+
+
+def test_validate_command_passes_every_overlay(kubectl, capsys):
+    assert k8s_validate.main([]) == 0
+    out = capsys.readouterr().out
+    assert all(f"{name}: ok" in out for name in k8s_validate.overlays())
