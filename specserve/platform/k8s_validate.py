@@ -256,10 +256,62 @@ def secret_problems(objs: list[dict]) -> list[str]:
     return problems
 
 
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+MAX_RAYSERVICE_NAME = 47  # KubeRay: RayCluster names <= 53, and it appends 6 characters
+UPGRADE_TYPES = ("NewCluster", "None", "NewClusterWithIncrementalUpgrade")
+
+
+def kuberay_problems(objs: list[dict]) -> list[str]:
+    """What the KubeRay operator rejects although the CRD schema accepts it (its ValidateRayService*).
+
+    Name a DNS-1035 label of at most 47 characters; with gcsFaultToleranceOptions, no
+    REDIS_PASSWORD / RAY_REDIS_ADDRESS / REDIS_USERNAME env in the head container and no
+    redis-password / redis-username rayStartParams (KubeRay sets them itself); no headService name;
+    a known upgrade type; minReplicas <= replicas <= maxReplicas in each worker group; a head port
+    named "serve" or a serveService, or KubeRay makes no gateway Service.
+    """
+    problems = []
+    for rs in _rayservices(objs):
+        name, spec = rs["metadata"]["name"], rs["spec"]
+        where = f"RayService/{name}"
+        if len(name) > MAX_RAYSERVICE_NAME or not _DNS1035.match(name):
+            problems.append(f"{where}: name must be a DNS-1035 label of <= {MAX_RAYSERVICE_NAME}")
+        cluster = spec.get("rayClusterConfig", {})
+        head = cluster.get("headGroupSpec", {})
+        params = head.get("rayStartParams", {})
+        head_env = {e.get("name") for e in ray_containers(rs)["head"].get("env", [])}
+        if cluster.get("gcsFaultToleranceOptions") is not None:
+            for var in sorted(head_env & {"REDIS_PASSWORD", "RAY_REDIS_ADDRESS"}):
+                problems.append(f"{where}: head env {var} conflicts with gcsFaultToleranceOptions")
+            if "redis-password" in params:
+                problems.append(f"{where}: rayStartParams redis-password with GCS fault tolerance")
+            if "ray.io/ft-enabled" in rs["metadata"].get("annotations", {}):
+                problems.append(
+                    f"{where}: ray.io/ft-enabled annotation with gcsFaultToleranceOptions"
+                )
+        if "redis-username" in params or "REDIS_USERNAME" in head_env:
+            problems.append(f"{where}: redis username outside gcsFaultToleranceOptions")
+        if head.get("headService", {}).get("metadata", {}).get("name"):
+            problems.append(f"{where}: headService.metadata.name must not be set")
+        upgrade = spec.get("upgradeStrategy", {}).get("type")
+        if upgrade is not None and upgrade not in UPGRADE_TYPES:
+            problems.append(
+                f"{where}: upgradeStrategy.type {upgrade!r} is not one of {UPGRADE_TYPES}"
+            )
+        for group in cluster.get("workerGroupSpecs", []):
+            low, high = group.get("minReplicas", 0), group.get("maxReplicas", 2**31 - 1)
+            if not low <= group.get("replicas", low) <= high:
+                problems.append(f"{where}[{group.get('groupName')}]: replicas outside min..max")
+        head_ports = {p.get("name") for p in ray_containers(rs)["head"].get("ports", [])}
+        if "serve" not in head_ports and not spec.get("serveService"):
+            problems.append(f"{where}: no head port named 'serve' and no serveService")
+    return problems
+
+
 def problems(objs: list[dict]) -> list[str]:
-    """Every problem of a rendered overlay: schemas, exposure, secrets."""
+    """Every problem of a rendered overlay: schemas, KubeRay's own rules, exposure, secrets."""
     out = [p for o in objs for p in schema_problems(o)]
-    return out + exposure_problems(objs) + secret_problems(objs)
+    return out + kuberay_problems(objs) + exposure_problems(objs) + secret_problems(objs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -219,6 +219,37 @@ def test_exposure_check_catches(rendered, kind, name, change):
     assert k8s_validate.exposure_problems(_mutated(rendered["prod"], kind, name, change))
 
 
+def test_kuberay_operator_rules(rendered):
+    for name, objs in rendered.items():
+        assert k8s_validate.kuberay_problems(objs) == [], name
+
+
+def _head(o):
+    return o["spec"]["rayClusterConfig"]["headGroupSpec"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda o: _head(o)["template"]["spec"]["containers"][0]["env"].append(
+            {"name": "REDIS_PASSWORD", "value": "x"}
+        ),
+        lambda o: _head(o)["template"]["spec"]["containers"][0]["env"].append(
+            {"name": "RAY_REDIS_ADDRESS", "value": "redis:6379"}
+        ),
+        lambda o: _head(o)["rayStartParams"].update({"redis-password": "x"}),
+        lambda o: _head(o).update(headService={"metadata": {"name": "h"}}),
+        lambda o: o["spec"]["upgradeStrategy"].update(type="Rolling"),
+        lambda o: o["spec"]["rayClusterConfig"]["workerGroupSpecs"][0].update(replicas=9),
+        lambda o: o["metadata"].update(name="Specserve"),
+    ],
+)
+def test_kuberay_rules_catch(rendered, change):
+    assert k8s_validate.kuberay_problems(
+        _mutated(rendered["dev"], "RayService", "specserve", change)
+    )
+
+
 def test_redis_needs_passwords_from_secrets(rendered):
     for name, objs in rendered.items():
         assert k8s_validate.secret_problems(objs) == [], name
