@@ -335,6 +335,8 @@ def test_app_environment_and_mounts(rendered):
         ]
         volumes = {v["name"]: v for v in pod_specs[0]["volumes"]}
         assert all(s["volumes"] == pod_specs[0]["volumes"] for s in pod_specs), name
+        # the ray user (group users, 100) can write the models volume on every node
+        assert all(s["securityContext"] == {"fsGroup": 100} for s in pod_specs), name
         mounts = {m["mountPath"]: volumes[m["name"]] for m in head["volumeMounts"]}
         env = the(objs, "ConfigMap", "specserve-env")["data"]
         assert mounts["/data/specserve"]["persistentVolumeClaim"]["claimName"] == "specserve-models"
