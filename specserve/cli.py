@@ -89,16 +89,12 @@ def _log(msg: str) -> None:
 
 def _cached_tuning(args, loaded, strategy: str):
     """(pad_width, tuned config or None) from an earlier `tune`/`bench` on this model and device."""
-    from specserve.engine.cost import CostCurve, cost_curve_path
-    from specserve.engine.tuning import Tuned, tuned_path
+    from specserve.engine.tuning import cached_choices
 
-    curve_file = cost_curve_path(_cache_dir(args), loaded.model_id, loaded.device, loaded.dtype)
-    if not curve_file.exists():
-        return None, None
-    curve = CostCurve.model_validate_json(curve_file.read_text())
-    tuned_file = tuned_path(_cache_dir(args), curve, strategy)
-    tuned = Tuned.model_validate_json(tuned_file.read_text()) if tuned_file.exists() else None
-    return curve.padded_width, tuned.config if tuned else None
+    pad_width, configs = cached_choices(
+        _cache_dir(args), loaded.model_id, loaded.device, loaded.dtype, [strategy]
+    )
+    return pad_width, configs.get(strategy)
 
 
 def cmd_generate(args) -> int:
@@ -268,6 +264,42 @@ def cmd_finetune(args) -> int:
     return 0
 
 
+def cmd_up(args) -> int:
+    from specserve.platform.up import up
+
+    return up(args.config, args.host, args.port, _cache_dir(args), args.num_cpus, log=_log)
+
+
+def cmd_variants(args) -> int:
+    from specserve.platform.client import AdminClient
+
+    client = AdminClient.from_env(args.url, args.token, _cache_dir(args))
+    if args.action == "register":
+        out = client.register(
+            args.name,
+            args.base_model,
+            str(Path(args.adapter).resolve()),
+            parse_overrides(args.hint, scoped=False),
+        )
+    elif args.action == "list":
+        out = client.call("GET", "/variants")
+    elif args.action == "show":
+        out = client.call("GET", f"/variants/{args.name}")
+    elif args.action == "delete":
+        out = client.call("DELETE", f"/variants/{args.name}")
+    elif args.cancel:
+        out = client.call("DELETE", f"/variants/{args.name}/drafters/{args.kind}")
+    else:
+        body = {"kind": args.kind} | (
+            {"budget_minutes": args.budget_minutes} if args.budget_minutes else {}
+        )
+        out = client.call("POST", f"/variants/{args.name}/drafters", body)
+        if args.follow:
+            out = client.follow(args.name, args.kind, log=_log)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
 def _file_sha256(path: Path) -> str:
     import hashlib
 
@@ -334,6 +366,47 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", action="append", default=[], help="KEY=VALUE (rank, learning_rate, ...)"
     )
     ft.set_defaults(func=cmd_finetune)
+
+    upp = sub.add_parser(
+        "up", help="run the platform here: store, local Ray, Serve app on one port"
+    )
+    upp.add_argument(
+        "--config",
+        type=Path,
+        default=Path(__file__).resolve().parents[1] / "configs" / "serve.yaml",
+    )
+    upp.add_argument("--host", default="127.0.0.1")
+    upp.add_argument("--port", type=int, default=8000)
+    upp.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray may use (default: all)")
+    upp.add_argument("--cache-dir", type=Path, default=None)
+    upp.set_defaults(func=cmd_up)
+
+    var = sub.add_parser("variants", help="admin client: register, list, show, delete, train")
+    var.add_argument("--url", default=None, help="default $SPECSERVE_URL or http://127.0.0.1:8000")
+    var.add_argument(
+        "--token", default=None, help="default $SPECSERVE_ADMIN_TOKEN or <cache>/admin-token"
+    )
+    var.add_argument("--cache-dir", type=Path, default=None)
+    var_sub = var.add_subparsers(dest="action", required=True)
+    reg = var_sub.add_parser("register")
+    reg.add_argument("name")
+    reg.add_argument("--base-model", default="smollm2-135m")
+    reg.add_argument(
+        "--adapter", required=True, help="adapter directory under the server's adapter root"
+    )
+    reg.add_argument("--hint", action="append", default=[], help="policy hint KEY=VALUE")
+    var_sub.add_parser("list")
+    for action in ("show", "delete"):
+        var_sub.add_parser(action).add_argument("name")
+    tr = var_sub.add_parser(
+        "train", help="start (or --cancel) drafter training for the current version"
+    )
+    tr.add_argument("name")
+    tr.add_argument("--kind", default="eagle", choices=["eagle", "medusa"])
+    tr.add_argument("--budget-minutes", type=float, default=None)
+    tr.add_argument("--follow", action="store_true")
+    tr.add_argument("--cancel", action="store_true")
+    var.set_defaults(func=cmd_variants)
 
     for name, func, helptext in (
         ("tune", cmd_tune, "measure the cost curve, pick draft sizes"),

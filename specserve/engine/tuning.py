@@ -113,3 +113,20 @@ def load_or_tune(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(tuned.model_dump_json(indent=1))
     return tuned
+
+
+def cached_choices(cache_dir: Path, model_id: str, device, dtype, strategies: list[str]):
+    """(pad_width or None, {strategy: tuned config}) from an earlier `tune`/`bench` on this model
+    and device; nothing is measured here (a server starts fast and uses defaults until tuned)."""
+    from specserve.engine.cost import CostCurve, cost_curve_path
+
+    curve_file = cost_curve_path(Path(cache_dir), model_id, device, dtype)
+    if not curve_file.exists():
+        return None, {}
+    curve = CostCurve.model_validate_json(curve_file.read_text())
+    configs = {}
+    for strategy in strategies:
+        path = tuned_path(Path(cache_dir), curve, strategy)
+        if path.exists():
+            configs[strategy] = Tuned.model_validate_json(path.read_text()).config
+    return curve.padded_width, configs

@@ -35,6 +35,7 @@ class Target(BaseModel):
     drafters: list[dict] = []  # DrafterView fields
     measured_tau: dict[str, tuple[float, int]] = {}
     forced_strategy: str | None = None
+    policy: dict | None = None  # PolicySettings an admin stored; None: the server's own
 
     @property
     def key(self) -> VariantKey | None:
@@ -85,6 +86,17 @@ class ModelService:
         self.ongoing = 0
         self._turn: asyncio.Lock | None = None
 
+    def stats(self) -> dict:
+        """Figures for metrics and health: adapter LRU counters and ongoing requests."""
+        adapter_stats = self.adapters.stats
+        return {
+            "ongoing": self.ongoing,
+            "adapters_resident": len(self.adapters.names),
+            "adapter_loads": adapter_stats.loads,
+            "adapter_evictions": adapter_stats.evictions,
+            "adapter_load_seconds_total": round(adapter_stats.load_seconds_total, 4),
+        }
+
     def encode(self, request: GenerateRequest) -> list[int]:
         tok = self.loaded.tokenizer
         if request.messages is not None:
@@ -96,7 +108,10 @@ class ModelService:
         if request.strategy:
             decision = Decision(request.strategy, "strategy set by the caller")
         else:
-            decision = decide(request.target.view(), self.ongoing, self.policy, self.clock())
+            policy = self.policy
+            if request.target.policy is not None:
+                policy = PolicySettings.model_validate(request.target.policy)
+            decision = decide(request.target.view(), self.ongoing, policy, self.clock())
         config = REGISTRY.config(decision.strategy, self.strategy_configs.get(decision.strategy))
         if decision.max_draft_tokens:
             config = REGISTRY.limited(decision.strategy, config, decision.max_draft_tokens)

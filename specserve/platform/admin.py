@@ -1,0 +1,249 @@
+"""The admin API (/admin, bearer token): register/list/show/delete variants, force a strategy,
+read/change policy settings, start/follow/cancel drafter training. 401 without a token, 403 wrong.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from specserve.adapters.errors import AdapterError
+from specserve.adapters.settings import AdapterLimits
+from specserve.adapters.validate import BaseModelSpec, validate_adapter
+from specserve.adapters.variants import VariantKey
+from specserve.engine.proposers import REGISTRY
+from specserve.platform.openai_api import ApiError
+from specserve.platform.registry import DrafterStatus, Registry, UnknownVariant, VariantSpec
+from specserve.policies.router import DrafterView, VariantView, decide
+from specserve.policies.settings import PolicySettings
+
+
+class RegisterBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    base_model: str
+    adapter_path: str = Field(description="adapter directory, under the server's adapter root")
+    hints: dict[str, str | int | float | bool] = {}
+
+
+class StrategyBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    strategy: str | None
+
+
+class TrainBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: str = "eagle"
+    budget_minutes: float | None = Field(None, gt=0)
+
+
+class Admin:
+    """Admin operations over the registry; `jobs` runs drafter training (None: not available)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        token: str | None,
+        base_specs: dict[str, BaseModelSpec],
+        limits: AdapterLimits,
+        default_policy: PolicySettings,
+        jobs=None,
+    ) -> None:
+        self.registry, self.token, self.base_specs = registry, token, base_specs
+        self.limits, self.default_policy, self.jobs = limits, default_policy, jobs
+
+    def check(self, request: Request) -> None:
+        auth = request.headers.get("authorization", "")
+        if not auth.lower().startswith("bearer ") or not auth[7:].strip():
+            raise ApiError(
+                401,
+                "admin API needs 'Authorization: Bearer <token>'",
+                "authentication_error",
+                code="missing_token",
+            )
+        if not self.token or not hmac.compare_digest(auth[7:].strip(), self.token):
+            raise ApiError(
+                403, "admin token is not valid", "permission_error", code="invalid_token"
+            )
+
+    def policy(self) -> PolicySettings:
+        stored = self.registry.policy_settings()
+        return PolicySettings.model_validate(stored) if stored else self.default_policy
+
+    def register(self, body: RegisterBody) -> dict:
+        spec = self.base_specs.get(body.base_model)
+        if spec is None:
+            raise ApiError(
+                400,
+                f"unknown base model {body.base_model!r}; served: {sorted(self.base_specs)}",
+                param="base_model",
+                code="unknown_base_model",
+            )
+        path = Path(body.adapter_path)
+        try:
+            VariantKey(body.name, 1)
+            checked = validate_adapter(path, spec, self.limits)
+        except AdapterError as err:
+            raise ApiError(400, str(err), param="adapter_path", code=err.code) from None
+        except ValueError as err:
+            raise ApiError(400, str(err), param="name", code="invalid_name") from None
+        record = self.registry.register(
+            VariantSpec(
+                name=body.name,
+                base_model=body.base_model,
+                adapter_path=str(checked.path),
+                adapter_sha256=checked.sha256,
+                hints=body.hints,
+            )
+        )
+        return record.model_dump() | {
+            "rank": checked.rank,
+            "target_modules": list(checked.target_modules),
+        }
+
+    def show(self, name: str) -> dict:
+        info = self._info(name)
+        current = info.current
+        drafters = self.registry.drafters(current.key)
+        acceptance = self.registry.acceptance(current.key)
+        view = VariantView(
+            name,
+            current.version,
+            [v.created_at for v in info.versions],
+            [DrafterView(k, d.state, d.tau) for k, d in drafters.items()],
+            {s: (a.tau or 0.0, a.tokens) for s, a in acceptance.items()},
+            info.override,
+        )
+        decision = decide(view, 0, self.policy(), time.time())
+        return {
+            "name": name,
+            "versions": [v.model_dump() for v in info.versions],
+            "current_version": current.version,
+            "override": info.override,
+            "strategy": decision.strategy,
+            "reason": decision.reason,
+            "drafters": {k: d.model_dump() for k, d in drafters.items()},
+            "acceptance": {
+                s: a.model_dump() | {"tau": a.tau, "acceptance_rate": a.acceptance_rate}
+                for s, a in acceptance.items()
+            },
+        }
+
+    def _info(self, name: str):
+        try:
+            return self.registry.show(name)
+        except (UnknownVariant, ValueError):
+            raise ApiError(
+                404, f"unknown variant {name!r}", param="name", code="variant_not_found"
+            ) from None
+
+    def set_strategy(self, name: str, body: StrategyBody) -> dict:
+        self._info(name)
+        if body.strategy is not None:
+            try:
+                REGISTRY.get(body.strategy)
+            except ValueError as err:
+                raise ApiError(400, str(err), param="strategy", code="unknown_strategy") from None
+        self.registry.set_override(name, body.strategy)
+        return self.show(name)
+
+    def set_policy(self, body: dict[str, Any]) -> dict:
+        try:
+            settings = PolicySettings.model_validate(self.policy().model_dump() | body)
+        except ValueError as err:
+            raise ApiError(400, str(err), code="invalid_policy") from None
+        self.registry.set_policy_settings(settings.model_dump())
+        return settings.model_dump()
+
+    def train(self, name: str, body: TrainBody) -> dict:
+        current = self._info(name).current
+        if self.jobs is None:
+            raise ApiError(
+                503,
+                "drafter training is not available on this deployment",
+                "server_error",
+                code="no_trainer",
+            )
+        if body.kind not in self.policy().drafter_kinds:
+            raise ApiError(
+                400,
+                f"kind {body.kind!r}; valid: {self.policy().drafter_kinds}",
+                param="kind",
+                code="unknown_kind",
+            )
+        status = self.registry.drafter(current.key, body.kind)
+        if status is not None and status.state in ("queued", "running"):
+            raise ApiError(
+                409,
+                f"{body.kind} training for {current.key} is already {status.state}",
+                code="already_running",
+            )
+        self.registry.set_drafter(current.key, DrafterStatus(kind=body.kind, state="queued"))
+        self.jobs.start(current, body.kind, body.budget_minutes)
+        return self.registry.drafter(current.key, body.kind).model_dump()
+
+    def cancel(self, name: str, kind: str) -> dict:
+        current = self._info(name).current
+        status = self.registry.drafter(current.key, kind)
+        if status is None or status.state not in ("queued", "running"):
+            raise ApiError(409, f"no {kind} training running for {current.key}", code="not_running")
+        if self.jobs is not None:
+            self.jobs.cancel(current.key, kind)
+        self.registry.set_drafter(current.key, status.model_copy(update={"state": "cancelled"}))
+        return self.registry.drafter(current.key, kind).model_dump()
+
+
+def admin_router(admin: Admin) -> APIRouter:
+    router = APIRouter(prefix="/admin", dependencies=[Depends(admin.check)])
+
+    @router.post("/variants", status_code=201)
+    def register(body: RegisterBody):
+        return admin.register(body)
+
+    @router.get("/variants")
+    def list_variants():
+        return {"variants": [admin.show(info.name) for info in admin.registry.list()]}
+
+    @router.get("/variants/{name}")
+    def show(name: str):
+        return admin.show(name)
+
+    @router.delete("/variants/{name}")
+    def delete(name: str):
+        admin._info(name)
+        admin.registry.delete(name)
+        return {"deleted": name}
+
+    @router.put("/variants/{name}/strategy")
+    def set_strategy(name: str, body: StrategyBody):
+        return admin.set_strategy(name, body)
+
+    @router.post("/variants/{name}/drafters", status_code=202)
+    def train(name: str, body: TrainBody):
+        return admin.train(name, body)
+
+    @router.get("/variants/{name}/drafters")
+    def drafters(name: str):
+        return {
+            k: d.model_dump()
+            for k, d in admin.registry.drafters(admin._info(name).current.key).items()
+        }
+
+    @router.delete("/variants/{name}/drafters/{kind}")
+    def cancel(name: str, kind: str):
+        return admin.cancel(name, kind)
+
+    @router.get("/policy")
+    def get_policy():
+        return admin.policy().model_dump()
+
+    @router.put("/policy")
+    def put_policy(body: dict[str, Any]):
+        return admin.set_policy(body)
+
+    return router

@@ -1,0 +1,224 @@
+"""The Ray Serve application of configs/serve.yaml: `build_app(args)` wires a `Gateway` ingress and
+one `ModelServer-<model>` per base model; requests for a variant are multiplexed by variant@version
+so they go to replicas that already hold its adapter. The builder loads nothing itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from ray import serve
+
+from specserve.platform.settings import PlatformSettings
+
+log = logging.getLogger(__name__)
+MAX_VARIANTS_PER_REPLICA = 8  # Serve's multiplexing LRU; args.max_adapters_per_replica bounds ours
+STORE_ACTOR = "specserve-store"
+
+
+def build_app(args: dict, deployments: list[dict] | None = None) -> serve.Application:
+    """Serve's application builder (import path in configs/serve.yaml). `deployments`: the config's
+    per-deployment options, for callers that bypass `serve run` (`specserve up`)."""
+    settings = PlatformSettings.from_args(
+        args, env={}
+    )  # validate args now; secrets load in replicas
+    options = {d["name"]: {k: v for k, v in d.items() if k != "name"} for d in deployments or []}
+    servers = {}
+    for model in settings.models:
+        name = f"ModelServer-{model}"
+        servers[model] = ModelServer.options(name=name, **options.get(name, {})).bind(
+            model, dict(args)
+        )
+    return GatewayDeployment.options(name="Gateway", **options.get("Gateway", {})).bind(
+        dict(args), servers
+    )
+
+
+def platform_stores(settings: PlatformSettings):
+    """(registry store, pool store): the Redis of REDIS_URL / SPECSERVE_POOL_REDIS_URL, else one
+    in-cluster MemoryStore in a named Ray actor shared by every replica."""
+    from specserve.platform.embedded import StoreSettings, resolve_store
+    from specserve.platform.store import CallStore
+
+    if settings.redis_url:
+        stores = resolve_store(
+            StoreSettings(redis_url=settings.redis_url, pool_redis_url=settings.pool_redis_url)
+        )
+        return stores.registry, stores.pools
+    import ray
+
+    actor = StoreActor.options(
+        name=STORE_ACTOR, get_if_exists=True, lifetime="detached", num_cpus=0
+    ).remote()
+    store = CallStore(
+        lambda method, *a: ray.get(actor.call.remote(method, *a), timeout=2.0), STORE_ACTOR
+    )
+    return store, store
+
+
+def _store_actor_class():
+    import ray
+
+    @ray.remote
+    class _StoreActor:
+        """The in-cluster store: a MemoryStore behind a Ray actor (no Redis available)."""
+
+        def __init__(self) -> None:
+            from specserve.platform.store import MemoryStore
+
+            self.store = MemoryStore()
+
+        def call(self, method: str, *args):
+            return getattr(self.store, method)(*args)
+
+    return _StoreActor
+
+
+StoreActor = _store_actor_class()
+
+
+@serve.deployment
+class ModelServer:
+    """One base model: loads it, serves its variants through ModelService, syncs n-gram pools."""
+
+    def __init__(self, model_id: str, args: dict) -> None:
+        from specserve.adapters.resident import ResidentAdapters, base_model_names
+        from specserve.adapters.settings import AdapterLimits
+        from specserve.adapters.variants import PoolBook
+        from specserve.engine.models import default_cache_dir, load_model
+        from specserve.engine.tuning import cached_choices
+        from specserve.platform.pool_sync import PoolSync
+        from specserve.platform.service import ModelService
+        from specserve.policies.settings import PolicySettings
+
+        settings = PlatformSettings.from_args(args)
+        source = settings.model_dirs.get(model_id, model_id)
+        loaded = load_model(
+            str(source), device=settings.device, dtype=settings.dtype, cache_dir=settings.cache_dir
+        )
+        loaded.model_id = model_id  # the served name, whatever directory it came from
+        limits = AdapterLimits(
+            root=settings.resolved_adapter_root(), max_resident=settings.max_adapters_per_replica
+        )
+        adapters = ResidentAdapters(loaded.model, base_model_names(model_id), limits)
+        cache_dir = settings.cache_dir or default_cache_dir()
+        pad_width, configs = cached_choices(
+            cache_dir, model_id, loaded.device, loaded.dtype, ["lookahead", "prompt_lookup"]
+        )
+        pools = PoolBook(journal_size=4096)
+        _, pool_store = platform_stores(settings)
+        self.sync = PoolSync(pool_store, pools, base_model=model_id).start()
+        policy = PolicySettings.from_yaml(settings.resolved_policy_file())
+        self.service = ModelService(loaded, adapters, pools, policy, configs, pad_width)
+        self.model_id = model_id
+
+    @serve.multiplexed(max_num_models_per_replica=MAX_VARIANTS_PER_REPLICA)
+    async def variant(self, key: str) -> str:
+        """Serve's routing hook: marks `key` as held here (ModelService loads the adapter)."""
+        return key
+
+    async def generate(self, request: dict) -> AsyncIterator[dict]:
+        from specserve.platform.service import GenerateRequest
+
+        req = GenerateRequest.model_validate(request)
+        if req.target.key is not None:
+            await self.variant(serve.get_multiplexed_model_id() or str(req.target.key))
+            self.sync.warm_start(req.target.key, timeout_s=0.2)
+        async for event in self.service.generate(req):
+            yield event
+
+    def stats(self) -> dict:
+        health = self.sync.health()
+        return self.service.stats() | {"pool_sync_ok": health.get("status") == "ok"}
+
+    def __del__(self) -> None:
+        sync = getattr(self, "sync", None)
+        if sync is not None:
+            sync.stop()
+
+
+api = FastAPI()
+
+
+class ServeBackend:
+    """Backend over deployment handles: streams, multiplexed by variant@version."""
+
+    def __init__(self, servers: dict) -> None:
+        self.servers = servers
+
+    async def stream(self, base_model: str, request) -> AsyncIterator[dict]:
+        from ray.serve.exceptions import BackPressureError
+
+        from specserve.platform.backend import Overloaded
+
+        key = request.target.key
+        handle = self.servers[base_model].options(
+            stream=True, multiplexed_model_id=str(key) if key else ""
+        )
+        try:
+            async for event in handle.generate.remote(request.model_dump()):
+                yield event
+        except BackPressureError as err:
+            raise Overloaded(f"{base_model}: {err}") from None
+
+    async def replica_stats(self) -> dict[str, dict]:
+        out = {}
+        for model, handle in self.servers.items():
+            try:
+                out[f"{model}/any"] = await handle.stats.remote()
+            except Exception as err:  # noqa: BLE001 - stats are best effort, any replica failure
+                log.warning("stats of %s: %s", model, err)
+        return out
+
+
+@serve.deployment
+@serve.ingress(api)
+class GatewayDeployment:
+    """The FastAPI ingress: builds the gateway and admin API in this replica and mounts them."""
+
+    def __init__(self, args: dict, servers: dict) -> None:
+        from specserve.adapters.settings import AdapterLimits
+        from specserve.platform.admin import Admin, admin_router
+        from specserve.platform.gateway import Gateway, create_app
+        from specserve.platform.jobs import RayJobs
+        from specserve.platform.metrics import Metrics
+        from specserve.platform.registry import Registry
+        from specserve.policies.settings import PolicySettings
+
+        settings = PlatformSettings.from_args(args)
+        registry_store, _ = platform_stores(settings)
+        registry = Registry(registry_store)
+        gateway = Gateway(settings, registry, ServeBackend(servers), Metrics())
+        token = settings.admin_token.get_secret_value() if settings.admin_token else None
+        limits = AdapterLimits(root=settings.resolved_adapter_root())
+        specs = {m: _base_spec(m, settings) for m in settings.models}
+        policy = PolicySettings.from_yaml(settings.resolved_policy_file())
+        admin = Admin(registry, token, specs, limits, policy, RayJobs(registry_store, settings))
+        api.mount("/", create_app(gateway, admin_router(admin)))
+        self.started = time.time()
+
+
+def _base_spec(model_id: str, settings: PlatformSettings):
+    """Module shapes of a base model from its config alone (meta device: no weights, no memory)."""
+    import torch
+    import transformers
+
+    from specserve.adapters.resident import base_model_names
+    from specserve.adapters.validate import BaseModelSpec
+    from specserve.engine.models import default_cache_dir, pull_model
+
+    model_dir = settings.model_dirs.get(model_id) or pull_model(
+        model_id, settings.cache_dir or default_cache_dir()
+    )
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return BaseModelSpec.of(model, base_model_names(model_id))
+
+
+if os.environ.get("SPECSERVE_APP_DEBUG"):
+    logging.basicConfig(level=logging.INFO)

@@ -1,0 +1,33 @@
+"""How the gateway reaches model servers: `Backend.stream(base_model, request)` yields the events
+of ModelService.generate. `LocalBackend` calls services in this process; the Ray Serve backend
+(app.py) calls deployment handles, multiplexed by variant@version."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from specserve.platform.service import GenerateRequest, ModelService
+
+
+class Overloaded(Exception):
+    """The model server cannot take the request now (queue full); the gateway answers 503."""
+
+
+class Backend(Protocol):
+    def stream(self, base_model: str, request: GenerateRequest) -> AsyncIterator[dict]: ...
+
+    async def replica_stats(self) -> dict[str, dict]: ...
+
+
+class LocalBackend:
+    """Model services living in this process (tests, `specserve up --local`)."""
+
+    def __init__(self, services: dict[str, ModelService]) -> None:
+        self.services = services
+
+    def stream(self, base_model: str, request: GenerateRequest) -> AsyncIterator[dict]:
+        return self.services[base_model].generate(request)
+
+    async def replica_stats(self) -> dict[str, dict]:
+        return {f"{name}/local": service.stats() for name, service in self.services.items()}

@@ -1,0 +1,62 @@
+"""`specserve variants ...`: a small client of the admin API (stdlib HTTP, bearer token)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+class AdminClient:
+    def __init__(self, url: str, token: str) -> None:
+        self.url, self.token = url.rstrip("/"), token
+
+    @classmethod
+    def from_env(cls, url: str | None, token: str | None, cache_dir: Path) -> AdminClient:
+        token = token or os.environ.get("SPECSERVE_ADMIN_TOKEN")
+        token_file = Path(cache_dir) / "admin-token"
+        if not token and token_file.is_file():
+            token = token_file.read_text().strip()
+        if not token:
+            raise ValueError(
+                "admin token: pass --token, set SPECSERVE_ADMIN_TOKEN, or run `specserve up` first"
+            )
+        return cls(url or os.environ.get("SPECSERVE_URL", "http://127.0.0.1:8000"), token)
+
+    def call(self, method: str, path: str, body: dict | None = None) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"{self.url}/admin{path}", data=data, method=method)
+        req.add_header("Authorization", f"Bearer {self.token}")
+        req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as err:
+            try:
+                message = json.loads(err.read())["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = str(err)
+            raise ValueError(f"{method} {path}: HTTP {err.code}: {message}") from None
+        except urllib.error.URLError as err:
+            raise ValueError(f"cannot reach {self.url}: {err.reason}") from None
+
+    def register(self, name: str, base_model: str, adapter: str, hints: dict) -> dict:
+        body = {
+            "name": name,
+            "base_model": base_model,
+            "adapter_path": str(adapter),
+            "hints": hints,
+        }
+        return self.call("POST", "/variants", body)
+
+    def follow(self, name: str, kind: str, poll_s: float = 2.0, log=print) -> dict:
+        """Poll a drafter's training until it stops; returns the last status."""
+        while True:
+            status = self.call("GET", f"/variants/{name}/drafters").get(kind, {})
+            log(f"{kind}: {status.get('state')} {100 * status.get('progress', 0):.0f}%")
+            if status.get("state") not in ("queued", "running"):
+                return status
+            time.sleep(poll_s)

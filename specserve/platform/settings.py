@@ -1,0 +1,97 @@
+"""Settings of the whole application: the Serve config's `args` plus secrets from the environment.
+
+`PlatformSettings.from_args(args, env)` validates both (unknown arg names fail, listing the valid
+ones); the environment wins for paths (SPECSERVE_POLICY_FILE, SPECSERVE_ADAPTER_ROOT).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class TenantKeys(BaseModel):
+    """api key -> variant names that tenant may use (file: {tenants: {NAME: {key, variants}}})."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    variants_by_key: dict[str, frozenset[str]] = {}
+
+    @classmethod
+    def from_file(cls, path: Path | None) -> TenantKeys:
+        if path is None or not Path(path).is_file():
+            return cls()
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        tenants = data.get("tenants", {})
+        return cls(
+            variants_by_key={t["key"]: frozenset(t.get("variants", [])) for t in tenants.values()}
+        )
+
+
+class PlatformSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    models: list[str] = Field(["smollm2-135m"], min_length=1)
+    policy_file: Path = Path("configs/policy.yaml")
+    adapter_root: Path | None = None
+    max_body_bytes: int = Field(1 << 20, gt=0)
+    max_tokens: int = Field(1024, gt=0)
+    default_max_tokens: int = Field(256, gt=0)
+    max_adapters_per_replica: int = Field(8, gt=0)
+    max_inflight_per_model: int = Field(64, gt=0, description="gateway-side bound; beyond it 503")
+    model_dirs: dict[str, Path] = Field(
+        {}, description="served name -> local HF dir (not the catalog)"
+    )
+    device: str | None = None
+    dtype: str | None = None
+    # from the environment only
+    admin_token: SecretStr | None = None
+    tenant_keys: TenantKeys = TenantKeys()
+    redis_url: str | None = None
+    pool_redis_url: str | None = None
+    cache_dir: Path | None = None
+
+    @classmethod
+    def from_args(
+        cls, args: Mapping | None = None, env: Mapping[str, str] | None = None
+    ) -> PlatformSettings:
+        env = os.environ if env is None else env
+        values = dict(args or {})
+        unknown = set(values) - set(cls.model_fields) | (
+            set(values) & {"admin_token", "tenant_keys", "redis_url", "pool_redis_url", "cache_dir"}
+        )
+        if unknown:
+            allowed = sorted(
+                set(cls.model_fields)
+                - {"admin_token", "tenant_keys", "redis_url", "pool_redis_url", "cache_dir"}
+            )
+            raise ValueError(f"unknown application args {sorted(unknown)}; valid: {allowed}")
+        if env.get("SPECSERVE_POLICY_FILE"):
+            values["policy_file"] = env["SPECSERVE_POLICY_FILE"]
+        if env.get("SPECSERVE_ADAPTER_ROOT"):
+            values["adapter_root"] = env["SPECSERVE_ADAPTER_ROOT"]
+        tenants_file = env.get("SPECSERVE_TENANT_KEYS_FILE")
+        values.update(
+            admin_token=env.get("SPECSERVE_ADMIN_TOKEN") or None,
+            tenant_keys=TenantKeys.from_file(Path(tenants_file) if tenants_file else None),
+            redis_url=env.get("REDIS_URL") or None,
+            pool_redis_url=env.get("SPECSERVE_POOL_REDIS_URL") or env.get("REDIS_URL") or None,
+            cache_dir=env.get("SPECSERVE_CACHE") or None,
+        )
+        return cls.model_validate(values)
+
+    def resolved_policy_file(self) -> Path:
+        return self.policy_file if self.policy_file.is_absolute() else REPO_ROOT / self.policy_file
+
+    def resolved_adapter_root(self) -> Path:
+        if self.adapter_root is not None:
+            return self.adapter_root
+        from specserve.engine.models import default_cache_dir
+
+        return (self.cache_dir or default_cache_dir()) / "adapters"

@@ -1,0 +1,124 @@
+"""`specserve up`: the whole platform on this machine — the store (REDIS_URL, else a private
+redis-server), a local Ray, and the Serve application of configs/serve.yaml on one port."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import yaml
+
+from specserve.platform.settings import REPO_ROOT
+
+
+def admin_token_file(cache_dir: Path) -> Path:
+    return Path(cache_dir) / "admin-token"
+
+
+def ensure_admin_token(cache_dir: Path, env: dict) -> str:
+    """SPECSERVE_ADMIN_TOKEN, else the one in <cache>/admin-token, else a new random one saved there."""
+    if env.get("SPECSERVE_ADMIN_TOKEN"):
+        return env["SPECSERVE_ADMIN_TOKEN"]
+    path = admin_token_file(cache_dir)
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(24)
+    path.write_text(token)
+    path.chmod(0o600)
+    return token
+
+
+def load_serve_config(path: Path) -> tuple[dict, list[dict], dict]:
+    """(args, deployment options, http_options) of the single application in a Serve config."""
+    config = yaml.safe_load(Path(path).read_text())
+    (app,) = config["applications"]
+    return (
+        dict(app.get("args") or {}),
+        list(app.get("deployments") or []),
+        dict(config.get("http_options") or {}),
+    )
+
+
+def up(
+    config: Path,
+    host: str,
+    port: int,
+    cache_dir: Path,
+    num_cpus: int | None,
+    log=print,
+    ready=None,
+    stop: threading.Event | None = None,
+) -> int:
+    """Start everything, block until SIGINT/SIGTERM (or `stop`), then tear down in reverse."""
+    import ray
+    from ray import serve
+
+    from specserve.engine.models import pull_model
+    from specserve.platform.app import build_app
+    from specserve.platform.embedded import StoreSettings, resolve_store
+    from specserve.platform.settings import PlatformSettings
+
+    args, deployments, _ = load_serve_config(config)
+    settings = PlatformSettings.from_args(args)
+    env = {"SPECSERVE_CACHE": str(cache_dir)}
+    env["SPECSERVE_ADMIN_TOKEN"] = ensure_admin_token(cache_dir, dict(os.environ))
+    stores = None
+    if not settings.redis_url:
+        stores = resolve_store(StoreSettings())
+        if stores.redis_url:
+            env["REDIS_URL"] = stores.redis_url
+            log(f"store: private redis-server at {stores.describe()}")
+        else:
+            log("store: no redis-server binary; an in-cluster memory store (state is lost on exit)")
+    for model in settings.models:
+        if model not in settings.model_dirs:
+            pull_model(model, cache_dir, progress=log)
+    os.environ.update(env)
+    for name in (
+        "SPECSERVE_POLICY_FILE",
+        "SPECSERVE_ADAPTER_ROOT",
+        "SPECSERVE_TENANT_KEYS_FILE",
+        "SPECSERVE_POOL_REDIS_URL",
+        "REDIS_URL",
+    ):
+        if os.environ.get(name):
+            env[name] = os.environ[name]
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        runtime_env={"env_vars": env},
+        log_to_driver=False,
+    )
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(build_app(args, deployments), name="specserve", route_prefix="/", blocking=False)
+        log(f"specserve is up on http://{host}:{port} (models: {', '.join(settings.models)})")
+        log(f"admin token: {admin_token_file(cache_dir)} (or SPECSERVE_ADMIN_TOKEN)")
+        if ready is not None:
+            ready()
+        done = stop or threading.Event()
+        if stop is None:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: done.set())
+        done.wait()
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+            if stores is not None:
+                stores.close()
+    return 0
+
+
+def default_config() -> Path:
+    return REPO_ROOT / "configs" / "serve.yaml"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(up(default_config(), "127.0.0.1", 8000, Path.home() / ".cache" / "specserve", None))
