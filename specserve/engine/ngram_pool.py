@@ -99,6 +99,17 @@ class NGramPool:
         with self._lock:
             return [(k, list(v)) for k, v in self._entries.items()]
 
+    def recent(self, limit: int) -> list[tuple[Key, Continuation]]:
+        """The newest `limit` (key, continuation) entries, oldest first; O(limit) under the lock."""
+        out: list[tuple[Key, Continuation]] = []
+        with self._lock:
+            for key in reversed(self._entries):
+                for cont in reversed(self._entries[key]):
+                    if len(out) >= limit:
+                        return out[::-1]
+                    out.append((key, cont))
+        return out[::-1]
+
     def merge(
         self,
         other: NGramPool | Iterable[tuple[Key, list[Continuation]]],

@@ -139,3 +139,13 @@ def test_journal_records_adds_not_merges_and_is_bounded():
     assert NGramPool().drain_journal() == []
     with pytest.raises(ValueError):
         NGramPool(journal_size=-1)
+
+
+def test_recent_gives_the_newest_entries_oldest_first():
+    pool = NGramPool()
+    pool.add((1,), (2,))
+    pool.add((3,), (4,))
+    pool.add((1,), (5,))  # key (1,) becomes most recent, (5,) its newest continuation
+    assert pool.recent(10) == [((3,), (4,)), ((1,), (2,)), ((1,), (5,))]
+    assert pool.recent(2) == [((1,), (2,)), ((1,), (5,))]
+    assert pool.recent(0) == []
