@@ -25,7 +25,7 @@ from pathlib import Path
 import redis
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from specserve.platform.store import MemoryStore, RedisStore, Store, mask_url
+from specserve.platform.store import CallStore, MemoryStore, RedisStore, Store, mask_url
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +253,32 @@ def _redis(url: str, settings: StoreSettings) -> RedisStore:
         socket_timeout_s=settings.socket_timeout_s,
         connect_timeout_s=settings.connect_timeout_s,
     )
+
+
+def ray_memory_store(
+    name: str = "specserve-store",
+    namespace: str = "specserve",
+    timeout_s: float = 2.0,
+    startup_timeout_s: float = 60.0,
+) -> CallStore:
+    """The in-cluster store without Redis: a `MemoryStore` in one named, detached Ray actor
+    (created by the first caller, found by the others), reached through a `CallStore`.
+    Needs `ray.init()` first. Its state lives as long as the actor (the Ray cluster)."""
+    import ray
+
+    actor = (
+        ray.remote(MemoryStore)
+        .options(
+            name=name, namespace=namespace, lifetime="detached", get_if_exists=True, num_cpus=0
+        )
+        .remote()
+    )
+    ray.get(actor.ping.remote(), timeout=startup_timeout_s)  # its worker may take a while to start
+
+    def call(method: str, *args):
+        return ray.get(getattr(actor, method).remote(*args), timeout=timeout_s)
+
+    return CallStore(call, f"ray actor {namespace}/{name}")
 
 
 def resolve_store(settings: StoreSettings) -> Stores:

@@ -103,6 +103,10 @@ class Store(ABC):
 # --------------------------------------------------------------------------------------- memory
 
 
+class _Pool(dict):
+    """member -> score, in score order (scores only grow, a refreshed member moves to the end)."""
+
+
 class MemoryStore(Store):
     """The same interface in process memory, thread-safe. Nothing is shared across processes unless
     the store lives in one actor (see `CallStore`); nothing survives the process."""
@@ -134,7 +138,7 @@ class MemoryStore(Store):
             if not create:
                 return None
             value = self._data[key] = kind()
-        if not isinstance(value, kind):
+        if type(value) is not kind:
             raise StoreError(f"key {key!r} holds a {type(value).__name__}, not a {kind.__name__}")
         return value
 
@@ -216,11 +220,11 @@ class MemoryStore(Store):
 
     def pool_push(self, key: str, members: Sequence[str], cap: int, ttl_s: float) -> int:
         with self._lock:
-            pool: dict[str, int] = self._typed(key, dict, create=True)
+            pool: _Pool = self._typed(key, _Pool, create=True)
             score = max(int(self._clock() * 1000), max(pool.values(), default=0) + 1)
             for member in members:
                 pool.pop(member, None)
-                pool[member] = score  # dict order = score order (scores only grow)
+                pool[member] = score
             while len(pool) > cap:
                 del pool[next(iter(pool))]
             self._expiry[key] = time.monotonic() + ttl_s
@@ -228,7 +232,7 @@ class MemoryStore(Store):
 
     def pool_pull(self, key: str, since: int, limit: int) -> tuple[list[str], int]:
         with self._lock:
-            pool: dict[str, int] = self._typed(key, dict) or {}
+            pool: _Pool = self._typed(key, _Pool) or _Pool()
             newer = [(m, s) for m, s in pool.items() if s > since][-limit:] if limit > 0 else []
             return [m for m, _ in newer], max((s for _, s in newer), default=since)
 
@@ -382,7 +386,13 @@ class RedisStore(Store):
             decode_responses=True,
             socket_timeout=socket_timeout_s,
             socket_connect_timeout=connect_timeout_s,
-            retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), retries),
+            # Retry only broken connections (e.g. after a Redis restart), never timeouts: a
+            # timed-out script may have run, and registrations must not be applied twice.
+            retry=Retry(
+                ExponentialBackoff(cap=0.1, base=0.01),
+                retries,
+                supported_errors=(redis.ConnectionError,),
+            ),
             health_check_interval=30,
             client_name=client_name,
         )

@@ -140,3 +140,12 @@ def test_mask_url():
     assert mask_url("redis://:s3cret@h:6379/1") == "redis://:***@h:6379/1"
     assert mask_url("redis://user:s3cret@h/0") == "redis://user:***@h/0"
     assert mask_url("redis://h:6379") == "redis://h:6379"
+
+
+def test_pool_ops_on_a_map_and_back_are_store_errors(store):
+    store.hset("t:m", {"f": "1"})
+    store.pool_push("t:p", ["a"], cap=3, ttl_s=60)
+    with pytest.raises(StoreError):
+        store.pool_push("t:m", ["a"], cap=3, ttl_s=60)
+    with pytest.raises(StoreError):
+        store.hgetall("t:p")
