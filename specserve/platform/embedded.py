@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -148,7 +149,9 @@ class EmbeddedRedis:
 
     def _launch(self, path: str) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="specserve-redis-"))
-        preexec = _die_with_parent if sys.platform.startswith("linux") else None
+        # PR_SET_PDEATHSIG fires when the *thread* that forked ends: only from the main thread.
+        main = threading.current_thread() is threading.main_thread()
+        preexec = _die_with_parent if main and sys.platform.startswith("linux") else None
         self._proc = subprocess.Popen(
             [path, "-"],
             stdin=subprocess.PIPE,

@@ -140,7 +140,19 @@ class VariantInfo(_Record):
 
 
 class Registry:
-    """Variants and their state under `namespace` in `store` (key layout: docs in `_key`)."""
+    """Variants and their state under `namespace` (default "specserve") in `store`.
+
+    Key layout (nothing expires; the registry Redis must be `noeviction`):
+      <ns>:variants                      map name -> first record of the live variant (the index)
+      <ns>:variant:<name>:seq            version counter; survives delete (versions continue)
+      <ns>:variant:<name>:versions       map version -> VersionRecord JSON (without the version)
+      <ns>:variant:<name>:drafters       map "<version>:<kind>" -> DrafterStatus JSON
+      <ns>:variant:<name>:acceptance     map "<version>:<strategy>:<figure>" -> integer
+      <ns>:policy:overrides              map name -> forced strategy
+      <ns>:policy:settings               policy settings JSON
+      <ns>:tenants                       map sha256(api key) -> JSON list of model names
+      <ns>:generation                    counter bumped by every change (cache invalidation)
+    """
 
     def __init__(self, store: Store, namespace: str = "specserve", clock=time.time) -> None:
         self.store = store

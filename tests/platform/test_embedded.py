@@ -6,6 +6,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -99,3 +103,28 @@ def test_missing_binary_is_refused():
     with pytest.raises(FileNotFoundError):
         EmbeddedRedis("/nonexistent/redis-server").start()
     assert EmbeddedRedis.find("/nonexistent/redis-server") is None
+
+
+_ORPHAN = """
+from specserve.platform.embedded import EmbeddedRedis
+server = EmbeddedRedis().start()
+print(server.pid, server.port, flush=True)
+import time; time.sleep(60)
+"""
+
+
+def test_the_server_dies_with_a_killed_parent():
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        pid, port = map(int, parent.stdout.readline().split())
+        assert os.path.exists(f"/proc/{pid}")
+    finally:
+        parent.kill()  # SIGKILL: no atexit
+        parent.wait(10)
+    deadline = time.monotonic() + 10
+    while not _refused(port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _refused(port)

@@ -3,6 +3,8 @@ and keep serving from local pools through a Redis outage, resyncing by themselve
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -155,3 +157,24 @@ def test_redis_outage_degrades_and_resyncs_by_itself(redis_server):
         b.stop()
         store_a.close()
         store_b.close()
+
+
+def test_a_hung_redis_never_blocks_local_pools(redis_server):
+    """SIGSTOP: the server accepts nothing and answers nothing; only the sync thread waits."""
+    store = RedisStore(redis_server.url, socket_timeout_s=0.3, connect_timeout_s=0.3)
+    local = book()
+    sync = PoolSync(store, local, FAST).start()
+    try:
+        local.pool(V1).add((1,), (2,))
+        assert sync.sync_now()
+        os.kill(redis_server.pid, signal.SIGSTOP)
+        try:
+            assert _max_op_ms(local.pool(V1)) < 20
+            assert wait_for(lambda: sync.health()["status"] == "degraded")
+            assert "Timeout" in sync.health()["last_error"]
+        finally:
+            os.kill(redis_server.pid, signal.SIGCONT)
+        assert wait_for(lambda: sync.health()["status"] == "ok", timeout_s=10)
+    finally:
+        sync.stop()
+        store.close()
