@@ -60,6 +60,16 @@ class PoolBook:
             self._pools.move_to_end(key)
             return self._pools[key]
 
+    def peek(self, key: VariantKey | None) -> NGramPool | None:
+        """The pool of `key` if it exists, without creating it or touching its recency."""
+        with self._lock:
+            return self._pools.get(key)
+
+    @property
+    def journaling(self) -> bool:
+        """Whether its pools record adds for `drain_journal` (made with journal_size > 0)."""
+        return self._pool_kwargs.get("journal_size", 0) > 0
+
     def keys(self) -> list[VariantKey | None]:
         with self._lock:
             return list(self._pools)

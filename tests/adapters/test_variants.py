@@ -25,3 +25,16 @@ def test_pools_are_per_version_and_bounded():
     assert book.pool(v1) is book.pool(v1) and book.pool(v1).max_keys == 16
     book.pool(None)  # the base model's pool; evicts v2, the least recently used
     assert book.keys() == [v1, None]
+
+
+def test_peek_neither_creates_nor_touches():
+    book = PoolBook(max_pools=4, journal_size=8)
+    v1, v2 = VariantKey("s", 1), VariantKey("s", 2)
+    assert book.peek(v1) is None and book.keys() == []
+    book.pool(v1)
+    book.pool(v2)
+    assert book.peek(v1) is book.pool(v1)
+    book.pool(v2)
+    book.peek(v1)
+    assert book.keys() == [v1, v2]  # peek left v1 least recent
+    assert book.journaling and book.peek(v1).journaling and not PoolBook().journaling

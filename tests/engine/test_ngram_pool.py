@@ -123,3 +123,29 @@ def test_concurrent_adds_keep_bounds():
         t.join()
     assert pool.num_keys <= 50
     assert all(len(v) <= 4 for _, v in pool.items())
+
+
+def test_journal_records_adds_not_merges_and_is_bounded():
+    pool = NGramPool(journal_size=3)
+    assert pool.journaling and not NGramPool().journaling
+    pool.add((1,), (2,))
+    pool.merge([((9,), [(9,)])], journal=False)  # pulled from elsewhere: not shipped back
+    assert pool.drain_journal() == [((1,), (2,))]
+    assert pool.drain_journal() == []
+    pool.add_ngrams([1, 2, 3, 4, 5, 6], key_len=1, cont_len=1)  # 5 adds, the last 3 kept
+    assert pool.drain_journal() == [((3,), (4,)), ((4,), (5,)), ((5,), (6,))]
+    pool.merge([((7,), [(8,)])])  # a plain merge counts as adds
+    assert pool.drain_journal() == [((7,), (8,))]
+    assert NGramPool().drain_journal() == []
+    with pytest.raises(ValueError):
+        NGramPool(journal_size=-1)
+
+
+def test_recent_gives_the_newest_entries_oldest_first():
+    pool = NGramPool()
+    pool.add((1,), (2,))
+    pool.add((3,), (4,))
+    pool.add((1,), (5,))  # key (1,) becomes most recent, (5,) its newest continuation
+    assert pool.recent(10) == [((3,), (4,)), ((1,), (2,)), ((1,), (5,))]
+    assert pool.recent(2) == [((1,), (2,)), ((1,), (5,))]
+    assert pool.recent(0) == []

@@ -1,0 +1,275 @@
+"""Registry on every Store: versions (atomic, consecutive, continuing after delete), drafters,
+acceptance, policy, tenants; concurrency from threads and from separate processes (Redis)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from specserve.adapters.variants import VariantKey
+from specserve.platform.registry import (
+    Acceptance,
+    DrafterStatus,
+    Registry,
+    UnknownVariant,
+    VariantSpec,
+)
+from specserve.platform.store import RedisStore
+
+ROOT = Path(__file__).resolve().parents[2]
+SHA = "ab" * 32
+
+
+def spec(name="support-bot", base="smollm2-135m", **kw) -> VariantSpec:
+    return VariantSpec(
+        name=name, base_model=base, adapter_path=f"/adapters/{name}", adapter_sha256=SHA, **kw
+    )
+
+
+@pytest.fixture
+def registry(store):
+    clock = iter(range(1000, 100000))
+    return Registry(store, clock=lambda: float(next(clock)))
+
+
+def test_register_bumps_versions_and_reads_back(registry):
+    r1 = registry.register(spec(hints={"traffic": "high"}))
+    r2 = registry.register(spec())
+    assert (r1.version, r2.version) == (1, 2) and r1.key == VariantKey("support-bot", 1)
+    assert r2.created_at > r1.created_at
+    assert registry.get("support-bot") == r2 and registry.get("support-bot", 1) == r1
+    assert registry.get("support-bot", 1).hints == {"traffic": "high"}
+    assert registry.resolve("support-bot@1") == r1 and registry.resolve("support-bot") == r2
+    info = registry.show("support-bot")
+    assert [v.version for v in info.versions] == [1, 2] and info.current == r2
+    registry.register(spec("other"))
+    assert registry.names() == ["other", "support-bot"]
+    assert [i.name for i in registry.list()] == ["other", "support-bot"]
+
+
+def test_unknown_variants(registry):
+    with pytest.raises(UnknownVariant):
+        registry.get("nope")
+    registry.register(spec())
+    with pytest.raises(UnknownVariant):
+        registry.get("support-bot", 2)
+    with pytest.raises(UnknownVariant):
+        registry.resolve("support-bot@9")
+    with pytest.raises(ValueError):
+        registry.get("bad name")
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"name": "bad name"},
+        {"name": "a:b"},
+        {"name": ""},
+        {"base": "x/y"},
+        {"adapter_sha256": "abc"},
+        {"adapter_path": ""},
+        {"hints": {"k" * 65: 1}},
+        {"extra": 1},
+    ],
+)
+def test_specs_are_validated(kw):
+    fields = {
+        "name": "ok",
+        "base_model": kw.pop("base", "smollm2-135m"),
+        "adapter_path": "/a",
+        "adapter_sha256": SHA,
+    }
+    with pytest.raises(ValidationError):
+        VariantSpec(**(fields | kw))
+
+
+def test_delete_removes_everything_and_versions_continue(registry):
+    registry.register(spec())
+    r2 = registry.register(spec())
+    registry.set_drafter(r2.key, DrafterStatus(kind="eagle", state="succeeded", tau=3.1))
+    registry.record_acceptance(r2.key, "eagle", tokens=10, forwards=4)
+    registry.set_override("support-bot", "lookahead")
+    assert registry.delete("support-bot") is True
+    assert registry.delete("support-bot") is False
+    with pytest.raises(UnknownVariant):
+        registry.show("support-bot")
+    assert registry.names() == [] and registry.list() == []
+    r3 = registry.register(spec())
+    assert r3.version == 3  # continues: nothing of versions 1-2 can match the new variant
+    assert [v.version for v in registry.versions("support-bot")] == [3]
+    assert registry.override("support-bot") is None
+    assert registry.drafters(r2.key) == {} and registry.acceptance(r2.key) == {}
+
+
+def test_drafter_status_per_version_and_kind(registry):
+    v1 = registry.register(spec()).key
+    v2 = registry.register(spec()).key
+    queued = registry.set_drafter(v1, DrafterStatus(kind="medusa", state="queued"))
+    assert queued.updated_at > 0
+    registry.set_drafter(
+        v1,
+        DrafterStatus(kind="eagle", state="running", progress=0.5, artifact_dir="/art/x"),
+    )
+    registry.set_drafter(
+        v1, DrafterStatus(kind="medusa", state="failed", error="out of time", progress=0.9)
+    )
+    assert registry.drafter(v1, "medusa").state == "failed"
+    assert registry.drafter(v1, "medusa").error == "out of time"
+    assert sorted(registry.drafters(v1)) == ["eagle", "medusa"]
+    assert registry.drafter(v2, "eagle") is None and registry.drafters(v2) == {}
+    with pytest.raises(UnknownVariant):
+        registry.set_drafter(
+            VariantKey("support-bot", 7), DrafterStatus(kind="eagle", state="queued")
+        )
+    with pytest.raises(ValidationError):
+        DrafterStatus(kind="eagle", state="done")
+    with pytest.raises(ValidationError):
+        DrafterStatus(kind="eagle", state="running", progress=1.5)
+
+
+def test_acceptance_accumulates_per_version_and_strategy(registry):
+    v1 = registry.register(spec()).key
+    v2 = registry.register(spec()).key
+    registry.record_acceptance(v1, "lookahead", tokens=30, forwards=20, drafted=40, accepted=10)
+    total = registry.record_acceptance(
+        v1, "lookahead", tokens=10, forwards=5, drafted=10, accepted=5
+    )
+    assert total == Acceptance(tokens=40, forwards=25, drafted=50, accepted=15)
+    registry.record_acceptance(v1, "eagle", tokens=9, forwards=3)
+    got = registry.acceptance(v1)
+    assert got["lookahead"].tau == pytest.approx(1.6)
+    assert got["lookahead"].acceptance_rate == pytest.approx(0.3)
+    assert got["eagle"].tau == 3.0 and got["eagle"].acceptance_rate is None
+    assert registry.acceptance(v2) == {}
+    with pytest.raises(ValueError):
+        registry.record_acceptance(v1, "eagle", tokens=-1)
+    with pytest.raises(ValueError):
+        registry.record_acceptance(v1, "Bad:Strategy", tokens=1)
+
+
+def test_policy_override_settings_and_generation(registry):
+    g0 = registry.generation()
+    registry.register(spec())
+    assert registry.generation() > g0
+    assert registry.override("support-bot") is None and registry.policy_settings() is None
+    g1 = registry.generation()
+    registry.set_override("support-bot", "eagle")
+    assert registry.override("support-bot") == "eagle" and registry.generation() > g1
+    assert registry.show("support-bot").override == "eagle"
+    assert registry.overrides() == {"support-bot": "eagle"}
+    registry.set_override("support-bot", None)
+    assert registry.override("support-bot") is None
+    with pytest.raises(UnknownVariant):
+        registry.set_override("nope", "ar")
+    with pytest.raises(ValueError):
+        registry.set_override("support-bot", "EAGLE!")
+    registry.set_policy_settings({"stability_window_s": 3600, "auto_train": True})
+    assert registry.policy_settings() == {"stability_window_s": 3600, "auto_train": True}
+
+
+def test_tenants_store_only_key_hashes(registry, store):
+    registry.set_tenant("sk-tenant-a", ["support-bot", "smollm2-135m", "support-bot"])
+    assert registry.tenant_variants("sk-tenant-a") == {"support-bot", "smollm2-135m"}
+    assert registry.tenant_variants("sk-other") is None
+    raw = store.hgetall("specserve:tenants")
+    assert list(raw) == [Registry.tenant_id("sk-tenant-a")] and "sk-tenant-a" not in str(raw)
+    registry.set_tenant("sk-tenant-a", [])
+    assert registry.tenant_variants("sk-tenant-a") == frozenset()
+    assert registry.tenant_count() == 1 and registry.delete_tenant("sk-tenant-a")
+    assert registry.tenant_variants("sk-tenant-a") is None
+    with pytest.raises(ValueError):
+        registry.set_tenant("", ["a"])
+    with pytest.raises(ValueError):
+        registry.set_tenant("k", ["bad name"])
+
+
+def test_keys_are_namespaced(registry, store):
+    registry.register(spec())
+    assert store.hgetall("specserve:variants").keys() == {"support-bot"}
+    assert store.get("specserve:variant:support-bot:seq") == "1"
+    assert list(store.hgetall("specserve:variant:support-bot:versions")) == ["1"]
+    other = Registry(store, namespace="staging")
+    assert other.names() == []
+
+
+def test_fifty_concurrent_registrations_from_threads(registry):
+    barrier, errors = threading.Barrier(50), []
+
+    def work():
+        try:
+            barrier.wait(10)
+            registry.register(spec())
+        except Exception as err:  # noqa: BLE001 - collected and asserted below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    assert [v.version for v in registry.versions("support-bot")] == list(range(1, 51))
+
+
+_WORKER = """
+import os, sys, threading
+from specserve.platform.registry import Registry, VariantSpec
+from specserve.platform.store import RedisStore
+store = RedisStore(os.environ["TEST_REDIS_URL"], socket_timeout_s=5)
+reg = Registry(store)
+spec = VariantSpec(name="shared", base_model="m", adapter_path="/a", adapter_sha256="cd" * 32)
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+sys.stdin.readline()  # start together
+got = []
+ts = [threading.Thread(target=lambda: got.append(reg.register(spec).version)) for _ in range(10)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print(" ".join(map(str, got)))
+"""
+
+
+def test_fifty_concurrent_registrations_from_five_processes(redis_server):
+    env = os.environ | {"TEST_REDIS_URL": redis_server.url, "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(5)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outputs = [p.communicate(timeout=60)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs)
+    versions = sorted(int(v) for out in outputs for v in out.split())
+    assert versions == list(range(1, 51))
+    store = RedisStore(redis_server.url)
+    assert [v.version for v in Registry(store).versions("shared")] == list(range(1, 51))
+    store.close()
+
+
+def test_a_second_replica_sees_changes_without_restart(redis_server):
+    a, b = RedisStore(redis_server.url), RedisStore(redis_server.url)
+    ra, rb = Registry(a), Registry(b)
+    ra.register(spec())
+    assert rb.get("support-bot").version == 1
+    ra.register(spec())
+    assert rb.get("support-bot").version == 2 and rb.generation() == ra.generation()
+    a.close()
+    b.close()

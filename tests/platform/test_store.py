@@ -1,0 +1,151 @@
+"""The Store contract, run on RedisStore (real redis-server), MemoryStore and CallStore alike."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from specserve.platform.store import RedisStore, StoreError, StoreUnavailable, mask_url
+
+
+def test_documents_and_counters(store):
+    store.ping()
+    assert store.get("t:a") is None
+    store.set("t:a", "x")
+    assert store.get("t:a") == "x"
+    assert store.incr("t:n") == 1 and store.incr("t:n", 5) == 6 and store.get("t:n") == "6"
+    assert store.delete("t:a", "t:n", "t:missing") == 2
+    assert store.get("t:a") is None and store.delete() == 0
+
+
+def test_maps(store):
+    assert store.hgetall("t:m") == {} and store.hget("t:m", "f") is None
+    store.hset("t:m", {"f": "1", "g": "2"})
+    store.hset("t:m", {"g": "3"})
+    assert store.hgetall("t:m") == {"f": "1", "g": "3"} and store.hget("t:m", "g") == "3"
+    assert store.hdel("t:m", "f", "nope") == 1
+    assert store.hdel("t:m", "g") == 1 and store.hgetall("t:m") == {}
+    assert store.delete("t:m") == 0  # an emptied map no longer exists
+
+
+def test_hincr_adds_all_fields_at_once(store):
+    assert store.hincr("t:h", {"a": 2, "b": 3}) == {"a": 2, "b": 3}
+    assert store.hincr("t:h", {"a": 1, "c": 0}) == {"a": 3, "c": 0}
+    assert store.hgetall("t:h") == {"a": "3", "b": "3", "c": "0"}
+
+
+def test_wrong_type_is_a_store_error(store):
+    store.set("t:s", "x")
+    with pytest.raises(StoreError):
+        store.hgetall("t:s")
+    with pytest.raises(StoreError):
+        store.incr("t:s")
+
+
+def test_add_version_counts_stores_and_indexes_once(store):
+    assert store.add_version("t:seq", "t:vers", "t:idx", "a", "r1") == 1
+    assert store.add_version("t:seq", "t:vers", "t:idx", "a", "r2") == 2
+    assert store.hgetall("t:vers") == {"1": "r1", "2": "r2"}
+    assert store.hgetall("t:idx") == {"a": "r1"}  # the index keeps its first record
+
+
+def test_remove_fields_and_keys_together(store):
+    store.hset("t:idx", {"a": "1", "b": "2"})
+    store.set("t:doc", "x")
+    store.hset("t:map", {"f": "1"})
+    assert store.remove([("t:idx", "a"), ("t:idx", "zz")], ["t:doc", "t:map"]) == [True, False]
+    assert store.hgetall("t:idx") == {"b": "2"}
+    assert store.get("t:doc") is None and store.hgetall("t:map") == {}
+
+
+def test_concurrent_add_version_gives_consecutive_versions(store):
+    got, barrier = [], threading.Barrier(20)
+
+    def work():
+        barrier.wait(5)
+        got.append(store.add_version("t:seq", "t:vers", "t:idx", "a", "r"))
+
+    threads = [threading.Thread(target=work) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(got) == list(range(1, 21))
+    assert sorted(map(int, store.hgetall("t:vers"))) == list(range(1, 21))
+
+
+def test_pool_scores_grow_and_pulls_are_incremental(store):
+    s1 = store.pool_push("t:p", ["a", "b"], cap=10, ttl_s=60)
+    s2 = store.pool_push("t:p", ["c"], cap=10, ttl_s=60)
+    assert s2 > s1 > 0
+    members, since = store.pool_pull("t:p", 0, limit=10)
+    assert sorted(members[:2]) == ["a", "b"] and members[2] == "c" and since == s2
+    assert store.pool_pull("t:p", since, 10) == ([], since)  # nothing newer
+    s3 = store.pool_push("t:p", ["a"], cap=10, ttl_s=60)  # refreshed: now the newest
+    assert store.pool_pull("t:p", since, 10) == (["a"], s3)
+    assert store.pool_pull("t:p", 0, 10)[0][-1] == "a"
+    assert store.pool_pull("t:missing", 7, 10) == ([], 7)
+
+
+def test_pool_keeps_the_most_recent_cap_and_limit_takes_the_newest(store):
+    for m in ["a", "b", "c", "d"]:
+        store.pool_push("t:p", [m], cap=3, ttl_s=60)
+    assert store.pool_pull("t:p", 0, 10)[0] == ["b", "c", "d"]  # "a", least recent, evicted
+    store.pool_push("t:p", ["b"], cap=3, ttl_s=60)
+    store.pool_push("t:p", ["e"], cap=3, ttl_s=60)
+    assert store.pool_pull("t:p", 0, 10)[0] == ["d", "b", "e"]  # "c" evicted, "b" refreshed
+    members, since = store.pool_pull("t:p", 0, 2)
+    assert members == ["b", "e"] and since == store.pool_pull("t:p", 0, 10)[1]
+
+
+def test_pool_expires_after_its_last_push(store):
+    store.pool_push("t:p", ["a"], cap=10, ttl_s=0.3)
+    store.pool_push("t:p", ["b"], cap=10, ttl_s=0.3)  # each push restarts the clock
+    assert len(store.pool_pull("t:p", 0, 10)[0]) == 2
+    deadline = time.monotonic() + 3
+    while store.pool_pull("t:p", 0, 10)[0] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert store.pool_pull("t:p", 0, 10)[0] == []
+
+
+def test_redis_store_needs_the_password(redis_server):
+    assert redis_server.password in redis_server.url
+    wrong = RedisStore(redis_server.url.replace(redis_server.password, "wrong"), retries=0)
+    with pytest.raises(StoreUnavailable):
+        wrong.get("x")
+    none = RedisStore(f"redis://127.0.0.1:{redis_server.port}/0", retries=0)
+    with pytest.raises(StoreUnavailable):
+        none.get("x")
+    good = RedisStore(redis_server.url)
+    assert redis_server.password not in good.describe() and "***" in good.describe()
+    good.set("x", "1")
+    assert good.get("x") == "1"
+    for s in (wrong, none, good):
+        s.close()
+
+
+def test_redis_store_unreachable_fails_fast(redis_server):
+    store = RedisStore(redis_server.url, socket_timeout_s=0.3, connect_timeout_s=0.3)
+    redis_server.stop()
+    start = time.monotonic()
+    with pytest.raises(StoreUnavailable):
+        store.pool_pull("p", 0, 10)
+    assert time.monotonic() - start < 2.0
+    store.close()
+
+
+def test_mask_url():
+    assert mask_url("redis://:s3cret@h:6379/1") == "redis://:***@h:6379/1"
+    assert mask_url("redis://user:s3cret@h/0") == "redis://user:***@h/0"
+    assert mask_url("redis://h:6379") == "redis://h:6379"
+
+
+def test_pool_ops_on_a_map_and_back_are_store_errors(store):
+    store.hset("t:m", {"f": "1"})
+    store.pool_push("t:p", ["a"], cap=3, ttl_s=60)
+    with pytest.raises(StoreError):
+        store.pool_push("t:m", ["a"], cap=3, ttl_s=60)
+    with pytest.raises(StoreError):
+        store.hgetall("t:p")
