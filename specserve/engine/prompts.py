@@ -14,6 +14,18 @@ def encode_chat(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     return list(ids)
 
 
+def encode_messages(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """A conversation as ids for the next assistant turn: the chat template when the tokenizer has
+    one, else the contents joined by newlines (a base model without a template)."""
+    if getattr(tokenizer, "chat_template", None):
+        return encode_chat(tokenizer, messages)
+    text = "\n".join(m["content"] for m in messages) + "\n"
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if not ids:
+        raise ValueError("prompt: must not be empty")
+    return ids
+
+
 def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
     """A user prompt as token ids, through the chat template when the tokenizer has one."""
     if not prompt:

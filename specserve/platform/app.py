@@ -41,44 +41,15 @@ def build_app(args: dict, deployments: list[dict] | None = None) -> serve.Applic
 def platform_stores(settings: PlatformSettings):
     """(registry store, pool store): the Redis of REDIS_URL / SPECSERVE_POOL_REDIS_URL, else one
     in-cluster MemoryStore in a named Ray actor shared by every replica."""
-    from specserve.platform.embedded import StoreSettings, resolve_store
-    from specserve.platform.store import CallStore
+    from specserve.platform.embedded import StoreSettings, ray_memory_store, resolve_store
 
     if settings.redis_url:
         stores = resolve_store(
             StoreSettings(redis_url=settings.redis_url, pool_redis_url=settings.pool_redis_url)
         )
         return stores.registry, stores.pools
-    import ray
-
-    actor = StoreActor.options(
-        name=STORE_ACTOR, get_if_exists=True, lifetime="detached", num_cpus=0
-    ).remote()
-    store = CallStore(
-        lambda method, *a: ray.get(actor.call.remote(method, *a), timeout=2.0), STORE_ACTOR
-    )
+    store = ray_memory_store(STORE_ACTOR)
     return store, store
-
-
-def _store_actor_class():
-    import ray
-
-    @ray.remote
-    class _StoreActor:
-        """The in-cluster store: a MemoryStore behind a Ray actor (no Redis available)."""
-
-        def __init__(self) -> None:
-            from specserve.platform.store import MemoryStore
-
-            self.store = MemoryStore()
-
-        def call(self, method: str, *args):
-            return getattr(self.store, method)(*args)
-
-    return _StoreActor
-
-
-StoreActor = _store_actor_class()
 
 
 @serve.deployment

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.variants import PoolBook, VariantKey
 from specserve.engine.decode import Engine, RequestState
-from specserve.engine.prompts import encode_chat, encode_prompt
+from specserve.engine.prompts import encode_messages, encode_prompt
 from specserve.engine.proposers import REGISTRY
 from specserve.engine.sampling import SamplingParams
 from specserve.policies.router import Decision, DrafterView, VariantView, decide
@@ -100,7 +100,7 @@ class ModelService:
     def encode(self, request: GenerateRequest) -> list[int]:
         tok = self.loaded.tokenizer
         if request.messages is not None:
-            return encode_chat(tok, request.messages)
+            return encode_messages(tok, request.messages)
         return encode_prompt(tok, request.prompt or "", chat=False)
 
     def choose(self, request: GenerateRequest) -> tuple[Decision, BaseModel]:

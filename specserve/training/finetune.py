@@ -20,7 +20,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from specserve.engine.prompts import encode_chat
+from specserve.engine.prompts import encode_messages
 
 IGNORE = -100  # label of tokens that carry no loss (prompt, padding)
 RECORD_FILE = "specserve-finetune.json"
@@ -51,18 +51,10 @@ class Example:
     labels: list[int]  # IGNORE where no loss
 
 
-def _prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """The context before the answer: the chat template's, or the turns joined by newlines."""
-    if getattr(tokenizer, "chat_template", None):
-        return encode_chat(tokenizer, messages)
-    text = "\n".join(m["content"] for m in messages) + "\n"
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
 def _completion_example(
     tokenizer, messages: list[dict], answer: str, eos_id: int, block: int
 ) -> Example:
-    prompt = _prompt_ids(tokenizer, messages)
+    prompt = encode_messages(tokenizer, messages)
     answer_ids = list(tokenizer(answer, add_special_tokens=False)["input_ids"]) + [eos_id]
     ids = (prompt + answer_ids)[:block]
     labels = ([IGNORE] * len(prompt) + answer_ids)[:block]
@@ -132,6 +124,14 @@ def collate(batch: list[Example], pad_id: int, device) -> dict[str, torch.Tensor
     }
 
 
+def lr_at(peak: float, step: int, steps: int) -> float:
+    """Linear warm-up over 10 steps, then linear decay to 5 % of `peak` at `steps`.
+
+    Example: peak 1e-3, 100 steps: step 0 -> 1e-4, step 9 -> 9.1e-4, step 99 -> 5e-5.
+    """
+    return peak * min(1.0, (step + 1) / 10) * max(1.0 - step / steps, 0.05)
+
+
 @torch.no_grad()
 def mean_loss(model, examples: list[Example], config: FinetuneConfig, pad_id: int) -> float:
     """Token-weighted mean loss over `examples` (the held-out set)."""
@@ -177,6 +177,7 @@ def finetune(
     total_steps = steps_per_epoch * config.epochs
     deadline = time.monotonic() + 60 * config.budget_minutes
     started, step, losses, stopped_by = time.monotonic(), 0, [], "epochs"
+    schedule_steps = total_steps
     model.train()
     with tqdm(total=total_steps, desc="finetune", unit="step", file=sys.stderr) as bar:
         for _epoch in range(config.epochs):
@@ -185,10 +186,10 @@ def finetune(
                 if time.monotonic() > deadline:
                     stopped_by = "budget"
                     break
-                spent = max(
-                    step / total_steps, (time.monotonic() - started) / (60 * config.budget_minutes)
-                )
-                lr = config.learning_rate * min(1.0, (step + 1) / 10) * max(1.0 - spent, 0.05)
+                if step == 5:  # fix the schedule's length once: all steps, or what the budget fits
+                    fits = int((deadline - started) / ((time.monotonic() - started) / step))
+                    schedule_steps = max(min(total_steps, fits), step + 1)
+                lr = lr_at(config.learning_rate, step, schedule_steps)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 loss = model(**collate(train[i : i + config.batch_size], pad_id, model.device)).loss
