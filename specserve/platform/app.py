@@ -10,7 +10,6 @@ import os
 import time
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI
 from ray import serve
 
 from specserve.platform.settings import PlatformSettings
@@ -112,9 +111,6 @@ class ModelServer:
             sync.stop()
 
 
-api = FastAPI()
-
-
 class ServeBackend:
     """Backend over deployment handles: streams, multiplexed by variant@version."""
 
@@ -147,9 +143,10 @@ class ServeBackend:
 
 
 @serve.deployment
-@serve.ingress(api)
+@serve.ingress(None)
 class GatewayDeployment:
-    """The FastAPI ingress: builds the gateway and admin API in this replica and mounts them."""
+    """The FastAPI ingress: builds the gateway and admin API in this replica (Serve takes the app
+    from `__serve_build_asgi_app__`, called after __init__)."""
 
     def __init__(self, args: dict, servers: dict) -> None:
         from specserve.adapters.settings import AdapterLimits
@@ -168,9 +165,12 @@ class GatewayDeployment:
         limits = AdapterLimits(root=settings.resolved_adapter_root())
         specs = {m: _base_spec(m, settings) for m in settings.models}
         policy = PolicySettings.from_yaml(settings.resolved_policy_file())
-        admin = Admin(registry, token, specs, limits, policy, RayJobs(registry_store, settings))
-        api.mount("/", create_app(gateway, admin_router(admin)))
+        admin = Admin(registry, token, specs, limits, policy, RayJobs(args))
+        self.fastapi_app = create_app(gateway, admin_router(admin))
         self.started = time.time()
+
+    def __serve_build_asgi_app__(self):
+        return self.fastapi_app
 
 
 def _base_spec(model_id: str, settings: PlatformSettings):

@@ -1,0 +1,140 @@
+"""Drafter training jobs for the admin API: one Ray task per variant@version and kind, reporting
+its state and progress to the registry (queued -> running -> succeeded | failed | cancelled).
+
+`run_drafter_job` is the task body (also callable in-process); `RayJobs` starts and cancels tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from pathlib import Path
+
+from specserve.adapters.variants import VariantKey
+from specserve.platform.registry import DrafterStatus, Registry, VersionRecord
+from specserve.platform.settings import PlatformSettings
+
+log = logging.getLogger(__name__)
+
+
+def drafter_dir(settings: PlatformSettings, key: VariantKey, kind: str) -> Path:
+    """Where a variant@version's drafter of `kind` lives: <cache>/drafters/<name>@<version>/<kind>."""
+    from specserve.engine.models import default_cache_dir
+
+    return (settings.cache_dir or default_cache_dir()) / "drafters" / str(key) / kind
+
+
+class _ProgressBar:
+    """A tqdm-like bar that writes progress into the registry (at most every 2 s)."""
+
+    def __init__(
+        self, registry: Registry, key: VariantKey, kind: str, total: int, desc: str
+    ) -> None:
+        self.registry, self.key, self.kind, self.total, self.desc = (
+            registry,
+            key,
+            kind,
+            max(total, 1),
+            desc,
+        )
+        self.n, self._last = 0, 0.0
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self._last > 2.0:
+            self._last = time.monotonic()
+            share = 0.5 if self.desc == "distill" else 1.0
+            progress = (
+                min(0.99, share * self.n / self.total)
+                if self.desc != "distill"
+                else min(0.5, share * self.n / self.total)
+            )
+            self.registry.set_drafter(
+                self.key, DrafterStatus(kind=self.kind, state="running", progress=progress)
+            )
+
+    def set_postfix_str(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def run_drafter_job(record: dict, kind: str, budget_minutes: float | None, args: dict) -> dict:
+    """Train a `kind` drafter for the variant version `record` (its adapter on its base model)."""
+    from specserve.adapters.resident import ResidentAdapters, base_model_names
+    from specserve.adapters.settings import AdapterLimits
+    from specserve.engine.models import load_model
+    from specserve.platform.app import platform_stores
+    from specserve.training.run import DrafterTrainSettings, train_drafter
+
+    version = VersionRecord.model_validate(record)
+    settings = PlatformSettings.from_args(args)
+    registry = Registry(platform_stores(settings)[0])
+    key = version.key
+    registry.set_drafter(key, DrafterStatus(kind=kind, state="running", progress=0.0))
+    try:
+        source = settings.model_dirs.get(version.base_model, version.base_model)
+        loaded = load_model(
+            str(source), device=settings.device, dtype=settings.dtype, cache_dir=settings.cache_dir
+        )
+        limits = AdapterLimits(root=settings.resolved_adapter_root())
+        adapters = ResidentAdapters(loaded.model, base_model_names(version.base_model), limits)
+        checked = adapters.ensure(str(key), version.adapter_path)
+        if checked.sha256 != version.adapter_sha256:
+            raise ValueError(
+                f"adapter of {key} changed on disk since registration (sha256 differs)"
+            )
+        out = drafter_dir(settings, key, kind)
+        train_settings = DrafterTrainSettings(
+            kind=kind, **({"budget_minutes": budget_minutes} if budget_minutes else {})
+        )
+        drafter = train_drafter(
+            adapters.model,
+            loaded.tokenizer,
+            version.base_model,
+            loaded.eos_token_ids,
+            out,
+            train_settings,
+            adapter_sha256=checked.sha256,
+            progress_bar=lambda total, desc: _ProgressBar(registry, key, kind, total, desc),
+        )
+        tau = drafter.manifest.heldout_tau if hasattr(drafter.manifest, "heldout_tau") else None
+        status = DrafterStatus(
+            kind=kind, state="succeeded", progress=1.0, artifact_dir=str(out), tau=tau
+        )
+    except Exception as err:  # noqa: BLE001 - any failure is reported to the admin, not lost
+        log.error("drafter training for %s failed: %s", key, traceback.format_exc())
+        status = DrafterStatus(
+            kind=kind, state="failed", error=f"{type(err).__name__}: {err}"[:500]
+        )
+    current = registry.drafter(key, kind)
+    if current is not None and current.state == "cancelled":
+        return current.model_dump()
+    return registry.set_drafter(key, status).model_dump()
+
+
+class RayJobs:
+    """Starts `run_drafter_job` as Ray tasks (CPU, or one GPU when the cluster has them)."""
+
+    def __init__(self, args: dict, num_cpus: float = 1.0, num_gpus: float = 0.0) -> None:
+        self.args, self.num_cpus, self.num_gpus = dict(args), num_cpus, num_gpus
+        self._refs: dict[tuple[str, str], object] = {}
+
+    def start(self, record: VersionRecord, kind: str, budget_minutes: float | None) -> None:
+        import ray
+
+        task = ray.remote(run_drafter_job).options(
+            num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_retries=0
+        )
+        self._refs[(str(record.key), kind)] = task.remote(
+            record.model_dump(), kind, budget_minutes, self.args
+        )
+
+    def cancel(self, key: VariantKey, kind: str) -> None:
+        import ray
+
+        ref = self._refs.pop((str(key), kind), None)
+        if ref is not None:
+            ray.cancel(ref, force=True)
