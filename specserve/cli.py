@@ -382,25 +382,26 @@ def build_parser() -> argparse.ArgumentParser:
     upp.set_defaults(func=cmd_up)
 
     var = sub.add_parser("variants", help="admin client: register, list, show, delete, train")
-    var.add_argument("--url", default=None, help="default $SPECSERVE_URL or http://127.0.0.1:8000")
-    var.add_argument(
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--url", default=None, help="default $SPECSERVE_URL or http://127.0.0.1:8000"
+    )
+    common.add_argument(
         "--token", default=None, help="default $SPECSERVE_ADMIN_TOKEN or <cache>/admin-token"
     )
-    var.add_argument("--cache-dir", type=Path, default=None)
+    common.add_argument("--cache-dir", type=Path, default=None)
     var_sub = var.add_subparsers(dest="action", required=True)
-    reg = var_sub.add_parser("register")
+    reg = var_sub.add_parser("register", parents=[common])
     reg.add_argument("name")
     reg.add_argument("--base-model", default="smollm2-135m")
     reg.add_argument(
         "--adapter", required=True, help="adapter directory under the server's adapter root"
     )
     reg.add_argument("--hint", action="append", default=[], help="policy hint KEY=VALUE")
-    var_sub.add_parser("list")
+    var_sub.add_parser("list", parents=[common])
     for action in ("show", "delete"):
-        var_sub.add_parser(action).add_argument("name")
-    tr = var_sub.add_parser(
-        "train", help="start (or --cancel) drafter training for the current version"
-    )
+        var_sub.add_parser(action, parents=[common]).add_argument("name")
+    tr = var_sub.add_parser("train", parents=[common], help="start (or --cancel) drafter training")
     tr.add_argument("name")
     tr.add_argument("--kind", default="eagle", choices=["eagle", "medusa"])
     tr.add_argument("--budget-minutes", type=float, default=None)
