@@ -5,6 +5,7 @@ so they go to replicas that already hold its adapter. The builder loads nothing 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -85,6 +86,7 @@ class ModelServer:
         policy = PolicySettings.from_yaml(settings.resolved_policy_file())
         self.service = ModelService(loaded, adapters, pools, policy, configs, pad_width)
         self.model_id = model_id
+        self._warm: set = set()
 
     @serve.multiplexed(max_num_models_per_replica=MAX_VARIANTS_PER_REPLICA)
     async def variant(self, key: str) -> str:
@@ -97,7 +99,11 @@ class ModelServer:
         req = GenerateRequest.model_validate(request)
         if req.target.key is not None:
             await self.variant(serve.get_multiplexed_model_id() or str(req.target.key))
-            self.sync.warm_start(req.target.key, timeout_s=0.2)
+            if (
+                req.target.key not in self._warm
+            ):  # first request of this version here: pull its pool
+                self._warm.add(req.target.key)
+                await asyncio.to_thread(self.sync.warm_start, req.target.key, 0.5)
         async for event in self.service.generate(req):
             yield event
 

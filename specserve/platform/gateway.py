@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -44,6 +45,16 @@ class Gateway:
         self.metrics = metrics
         self.inflight: dict[str, int] = {m: 0 for m in settings.models}
         self._store_ok = (0.0, True, "")  # (checked_at, ok, error)
+        self._targets: dict[
+            str, tuple[tuple[str, Target], int]
+        ] = {}  # model -> (found, generation)
+        self._cache_lock = threading.Lock()
+        self._store_down_until = 0.0
+        self._acceptance: dict[tuple[str, int, str], list[int]] = {}  # flushed in the background
+        self._flusher = threading.Thread(
+            target=self._flush_loop, name="acceptance-flush", daemon=True
+        )
+        self._flusher.start()
 
     # -- resolution
     def allowed(self, api_key: str | None) -> frozenset[str] | None:
@@ -64,37 +75,75 @@ class Gateway:
         return name not in owned or name in allowed
 
     def resolve(self, model: str, api_key: str | None) -> tuple[str, Target]:
-        """(base model, target) for a request's `model`; 404 naming `model` if unknown or hidden."""
+        """(base model, target) for a request's `model`; 404 naming `model` if unknown or hidden.
+        Variant lookups are cached until the registry's generation changes; with the store down,
+        the last known target keeps serving (503 only for a variant never seen)."""
         allowed = self.allowed(api_key)
         if model in self.settings.models:
             return model, Target()
-        try:
-            record = self.registry.resolve(model)
-        except (UnknownVariant, ValueError):
-            record = None
-        if (
-            record is None
-            or not self._visible(record.name, allowed)
-            or record.base_model not in self.settings.models
-        ):
+        found = self._cached_target(model)
+        if found is None or not self._visible(found[1].name, allowed):
             raise ApiError(
                 404, f"The model '{model}' does not exist", param="model", code="model_not_found"
             )
+        return found
+
+    def _cached_target(self, model: str) -> tuple[str, Target] | None:
+        now = time.monotonic()
+        with self._cache_lock:
+            entry = self._targets.get(model)
+            if now < self._store_down_until:
+                if entry is None:
+                    raise ApiError(
+                        503,
+                        "the variant registry is unreachable; retry shortly",
+                        "server_error",
+                        code="registry_unavailable",
+                        headers={"Retry-After": "2"},
+                    )
+                return entry[0]
+        try:
+            generation = self._generation_now(now)
+            if entry is not None and entry[1] == generation:
+                return entry[0]
+            found = self._lookup(model)
+        except StoreError as err:
+            with self._cache_lock:
+                self._store_down_until = time.monotonic() + 5.0  # don't make every request wait
+            log.warning("registry unreachable (%s); serving cached variants", err)
+            return self._cached_target(model)
+        with self._cache_lock:
+            self._targets[model] = (found, generation)
+        return found
+
+    def _generation_now(self, now: float) -> int:
+        """The registry generation (one small read; it changes on every registry write)."""
+        return self.registry.generation()
+
+    def _lookup(self, model: str) -> tuple[str, Target] | None:
+        try:
+            record = self.registry.resolve(model)
+        except (UnknownVariant, ValueError):
+            return None
+        if record.base_model not in self.settings.models:
+            return None
         key = record.key
-        versions = self.registry.versions(record.name)
         drafters = [
             {"kind": kind, "status": status.state, "held_out_tau": status.tau}
             for kind, status in self.registry.drafters(key).items()
         ]
         measured = {s: (a.tau or 0.0, a.tokens) for s, a in self.registry.acceptance(key).items()}
+        policy = self.registry.policy_settings()
         target = Target(
             name=record.name,
             version=record.version,
             adapter_path=record.adapter_path,
-            version_times=[v.created_at for v in versions],
+            adapter_sha256=record.adapter_sha256,
+            version_times=[v.created_at for v in self.registry.versions(record.name)],
             drafters=drafters,
             measured_tau=measured,
             forced_strategy=self.registry.override(record.name),
+            policy=policy,
         )
         return record.base_model, target
 
@@ -119,7 +168,7 @@ class Gateway:
 
     # -- generation
     async def run(self, endpoint: str, req, http: Request) -> Response:
-        base_model, target = self.resolve(req.model, _bearer(http))
+        base_model, target = await asyncio.to_thread(self.resolve, req.model, _bearer(http))
         params = self.sampling(req)
         if isinstance(req, ChatCompletionRequest):
             gen = GenerateRequest(target=target, messages=req.chat(), params=params)
@@ -226,19 +275,51 @@ class Gateway:
             self._record_acceptance(info, done["usage"]["completion_tokens"])
 
     def _record_acceptance(self, info: dict, tokens: int) -> None:
+        """Add figures locally; a background thread flushes them (requests never wait on Redis)."""
+        figures = [
+            tokens,
+            info["forwards"],
+            sum(info["drafted_by_depth"]),
+            sum(info["accepted_by_depth"]),
+        ]
+        with self._cache_lock:
+            total = self._acceptance.setdefault(
+                (info["variant"], info["version"], info["strategy"]), [0, 0, 0, 0]
+            )
+            for i, value in enumerate(figures):
+                total[i] += value
+
+    def flush_acceptance(self) -> None:
+        """Send accumulated figures to the registry; kept for the next round if the store is down."""
         from specserve.adapters.variants import VariantKey
 
-        try:
-            self.registry.record_acceptance(
-                VariantKey(info["variant"], info["version"]),
-                info["strategy"],
-                tokens=tokens,
-                forwards=info["forwards"],
-                drafted=sum(info["drafted_by_depth"]),
-                accepted=sum(info["accepted_by_depth"]),
-            )
-        except StoreError as err:  # figures are best effort: a store outage must not fail a request
-            log.debug("acceptance figures not recorded: %s", err)
+        with self._cache_lock:
+            pending, self._acceptance = self._acceptance, {}
+        for i, ((variant, version, strategy), (tokens, forwards, drafted, accepted)) in enumerate(
+            pending.items()
+        ):
+            try:
+                self.registry.record_acceptance(
+                    VariantKey(variant, version),
+                    strategy,
+                    tokens=tokens,
+                    forwards=forwards,
+                    drafted=drafted,
+                    accepted=accepted,
+                )
+            except StoreError as err:
+                log.debug("acceptance figures kept for later: %s", err)
+                with self._cache_lock:
+                    for key, values in list(pending.items())[i:]:
+                        total = self._acceptance.setdefault(key, [0, 0, 0, 0])
+                        for j, value in enumerate(values):
+                            total[j] += value
+                return
+
+    def _flush_loop(self, every_s: float = 5.0) -> None:
+        while True:
+            time.sleep(every_s)
+            self.flush_acceptance()
 
     # -- health and listing
     def health(self) -> dict:

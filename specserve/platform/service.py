@@ -31,6 +31,7 @@ class Target(BaseModel):
     name: str | None = None
     version: int = 0
     adapter_path: str | None = None
+    adapter_sha256: str | None = None
     version_times: list[float] = []
     drafters: list[dict] = []  # DrafterView fields
     measured_tau: dict[str, tuple[float, int]] = {}

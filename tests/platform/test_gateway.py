@@ -359,3 +359,25 @@ def test_openapi_fuzz_never_5xx(platform):
 
         check()
     assert failures == []
+
+
+def test_variants_keep_serving_from_cache_while_the_store_is_down(
+    platform, redis_server, redis_store, tiny_llama, make_adapter
+):
+    client, gateway, registry = platform(store=redis_store)
+    _register(client, "kept", make_adapter("kept", _base(tiny_llama), seed=1))
+    _register(client, "unseen", make_adapter("unseen", _base(tiny_llama), seed=2))
+    first = _chat(client, "kept").json()
+    redis_server.stop()
+    again = _chat(client, "kept")
+    assert again.status_code == 200 and again.json()["choices"] == first["choices"]
+    cold = _chat(client, "unseen")
+    assert cold.status_code == 503 and cold.headers["retry-after"] == "2"
+    gateway.flush_acceptance()  # figures stay queued while the store is down
+    redis_server.start()
+    gateway._store_down_until = 0.0
+    gateway.flush_acceptance()
+    from specserve.adapters.variants import VariantKey
+
+    figures = registry.acceptance(VariantKey("kept", 1))["lookahead"]  # this Redis restarted empty
+    assert figures.tokens == 32 and figures.forwards > 0
