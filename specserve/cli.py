@@ -300,6 +300,65 @@ def cmd_variants(args) -> int:
     return 0
 
 
+def cmd_loadtest(args) -> int:
+    import torch
+
+    from specserve import loadtest
+    from specserve.platform.client import AdminClient
+
+    levels = [int(c) for c in args.concurrency.split(",") if c]
+    modes = [m for m in args.modes.split(",") if m]
+    for mode in modes:
+        if mode not in loadtest.MODES:
+            raise ValueError(f"modes: unknown {mode!r}; valid: {', '.join(loadtest.MODES)}")
+    client = AdminClient.from_env(args.url, args.token, _cache_dir(args))
+    known = {v["name"] for v in client.call("GET", "/variants")["variants"]}
+    names = [f"load-{i}" for i in range(args.variants)]
+    for name in names:
+        if name not in known:
+            if args.adapter is None:
+                raise ValueError(
+                    f"variant {name} is not registered: pass --adapter DIR to register it"
+                )
+            client.register(name, args.model, str(Path(args.adapter).resolve()), {})
+    prompts = [
+        row["turns"][0]
+        for row in map(json.loads, args.data.read_text().splitlines())
+        if row.get("turns")
+    ]
+    results: dict[str, dict[str, dict]] = {}
+    try:
+        for mode in modes:
+            for name in names:
+                client.call("PUT", f"/variants/{name}/strategy", {"strategy": loadtest.MODES[mode]})
+            for conc in levels:
+                level = loadtest.run_level(
+                    client.url,
+                    names or [args.model],
+                    prompts,
+                    conc,
+                    max(args.requests, conc),
+                    args.max_tokens,
+                )
+                results.setdefault(mode, {})[str(conc)] = summary = loadtest.summarize(level)
+                _log(f"{mode} c={conc}: {summary}")
+    finally:
+        for name in names:
+            client.call("PUT", f"/variants/{name}/strategy", {"strategy": None})
+    report = {
+        "model": args.model,
+        "device": _device_name(torch.device("cpu")) + f" (server {client.url})",
+        "variants": len(names),
+        "max_tokens": args.max_tokens,
+        "results": results,
+    }
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
 def _file_sha256(path: Path) -> str:
     import hashlib
 
@@ -380,6 +439,27 @@ def build_parser() -> argparse.ArgumentParser:
     upp.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray may use (default: all)")
     upp.add_argument("--cache-dir", type=Path, default=None)
     upp.set_defaults(func=cmd_up)
+
+    lt = sub.add_parser("loadtest", help="concurrent streaming load on a running server, per mode")
+    lt.add_argument("--url", default=None, help="default $SPECSERVE_URL or http://127.0.0.1:8000")
+    lt.add_argument(
+        "--token", default=None, help="admin token (modes force strategies per variant)"
+    )
+    lt.add_argument("--cache-dir", type=Path, default=None)
+    lt.add_argument("--model", default="smollm2-135m")
+    lt.add_argument(
+        "--variants", type=int, default=4, help="variants load-0..N-1 (registered from --adapter)"
+    )
+    lt.add_argument("--adapter", type=Path, default=None)
+    lt.add_argument("--concurrency", default="1,2,4,8,16")
+    lt.add_argument(
+        "--requests", type=int, default=16, help="requests per level (at least the concurrency)"
+    )
+    lt.add_argument("--modes", default="ar,spec,policy")
+    lt.add_argument("--max-tokens", type=int, default=64)
+    lt.add_argument("--data", type=Path, default=Path("../shared/bench/specbench_dev.jsonl"))
+    lt.add_argument("--out", type=Path, default=None)
+    lt.set_defaults(func=cmd_loadtest)
 
     var = sub.add_parser("variants", help="admin client: register, list, show, delete, train")
     common = argparse.ArgumentParser(add_help=False)

@@ -228,3 +228,61 @@ def test_errors_and_metrics(stack):
     assert (
         status == 200 and "specserve_requests_total" in text and "specserve_adapter_loads" in text
     )
+
+
+def test_loadtest_over_variants_reports_every_mode_and_level(
+    stack, make_adapter, tiny_base, tmp_path
+):
+    from specserve.cli import main
+
+    base = stack[0]
+    adapter = _adapter(stack, make_adapter, tiny_base, "load-adapter", seed=5)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(
+        "\n".join(json.dumps({"turns": [f"w{i} w{i + 1} w{i} w{i + 1} w{i}"]}) for i in range(4))
+    )
+    out = tmp_path / "load.json"
+    argv = [
+        "loadtest",
+        "--url",
+        base,
+        "--token",
+        TOKEN,
+        "--model",
+        "tiny",
+        "--variants",
+        "2",
+        "--adapter",
+        str(adapter),
+        "--concurrency",
+        "1,4",
+        "--requests",
+        "4",
+        "--modes",
+        "ar,spec,policy",
+        "--max-tokens",
+        "8",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["variants"] == 2 and set(report["results"]) == {"ar", "spec", "policy"}
+    for levels in report["results"].values():
+        assert set(levels) == {"1", "4"}
+        for level in levels.values():
+            assert level["failed"] == 0 and level["throughput_tok_s"] > 0
+            assert set(level) == {
+                "throughput_tok_s",
+                "ttft_p50_s",
+                "ttft_p99_s",
+                "itl_p50_s",
+                "itl_p99_s",
+                "tau",
+                "failed",
+            }
+    assert report["results"]["ar"]["1"]["tau"] == 1.0
+    shown = json.loads(_call(f"{base}/admin/variants/load-0", token=TOKEN)[1])
+    assert shown["override"] is None  # overrides are reset after the run

@@ -1,0 +1,25 @@
+from specserve.loadtest import Level, Sample, percentile, summarize
+
+
+def test_percentile_nearest_rank_against_reference():
+    assert percentile([1, 2, 3, 4], 0.5) == 2 and percentile([1, 2, 3, 4], 0.99) == 4
+    assert percentile([], 0.5) is None
+    values = [5.0, 1.0, 9.0, 3.0, 7.0, 2.0, 8.0]
+    for q in (0.1, 0.25, 0.5, 0.9, 0.99):
+        ordered = sorted(values)
+        reference = next(v for i, v in enumerate(ordered, 1) if i / len(ordered) >= q)
+        assert percentile(values, q) == reference
+
+
+def test_summarize_counts_failures_and_throughput():
+    level = Level(
+        [
+            Sample(True, 10, 0.5, 0.1, 2.0),
+            Sample(True, 30, 1.5, 0.2, 3.0),
+            Sample(False, error="x"),
+        ],
+        4.0,
+    )
+    out = summarize(level)
+    assert out["throughput_tok_s"] == 10.0 and out["failed"] == 1 and out["tau"] == 2.5
+    assert (out["ttft_p50_s"], out["ttft_p99_s"]) == (0.5, 1.5)
