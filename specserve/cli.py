@@ -1,4 +1,4 @@
-"""The `specserve` command line: models, generate, tune and bench."""
+"""The `specserve` command line: models, generate, tune, bench and train-drafter."""
 
 from __future__ import annotations
 
@@ -155,6 +155,68 @@ def _tuned_methods(args, loaded, strategies: list[str], log):
     return engine, methods, choices, curve
 
 
+def _load_target(args):
+    """The served model (plus its LoRA adapter when --adapter is given) and the adapter
+    fingerprint drafters are keyed to."""
+    loaded = _load(args)
+    adapter = getattr(args, "adapter", None)
+    if not adapter:
+        return loaded, None
+    from peft import PeftModel
+
+    from specserve.adapters.fingerprint import adapter_sha256
+
+    model = PeftModel.from_pretrained(loaded.model, str(adapter)).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    loaded.model = model
+    return loaded, adapter_sha256(adapter)
+
+
+def load_drafters(drafter_dir: Path, loaded, adapter_sha: str | None, kinds: list[str]) -> dict:
+    """kind -> Drafter from DIR/<kind>/ (or DIR itself when it holds one artifact), each checked
+    against the served model."""
+    from specserve.engine.drafters.artifact import MANIFEST, base_weights_sha256, load_drafter
+
+    weights = base_weights_sha256(loaded.model)
+    out = {}
+    for kind in kinds:
+        path = Path(drafter_dir) / kind
+        if not (path / MANIFEST).exists():
+            path = Path(drafter_dir)
+            if not (path / MANIFEST).exists() or json.loads((path / MANIFEST).read_text())[
+                "kind"
+            ] != kind:
+                raise ValueError(f"drafter-dir: no {kind} drafter in {drafter_dir}")
+        out[kind] = load_drafter(path, loaded.model, loaded.model_id, adapter_sha, weights)
+    return out
+
+
+def cmd_train_drafter(args) -> int:
+    from tqdm import tqdm
+
+    from specserve.engine.models import default_cache_dir
+    from specserve.training.run import DrafterTrainSettings, train_drafter
+
+    settings = DrafterTrainSettings(kind=args.kind, budget_minutes=args.budget_minutes)
+    loaded, adapter_sha = _load_target(args)
+    cache = args.cache_dir or default_cache_dir()
+    drafter = train_drafter(
+        loaded.model,
+        loaded.tokenizer,
+        loaded.model_id,
+        loaded.eos_token_ids,
+        args.out,
+        settings,
+        adapter_sha256=adapter_sha,
+        data_dir=cache / "distill",
+        log=_log,
+        progress_bar=lambda total, desc: tqdm(total=total, desc=desc, file=sys.stderr),
+    )
+    print(drafter.manifest.model_dump_json(indent=1))
+    return 0
+
+
 def cmd_tune(args) -> int:
     loaded = _load(args)
     _, _, choices, curve = _tuned_methods(args, loaded, args.strategies.split(","), _log)
@@ -173,8 +235,20 @@ def cmd_bench(args) -> int:
     for b in baselines:
         if b not in bench.BASELINES:
             raise ValueError(f"baselines: unknown {b!r}; valid: {', '.join(bench.BASELINES)}")
-    loaded = _load(args)
-    engine, methods, choices, curve = _tuned_methods(args, loaded, names, _log)
+    drafter_kinds = [n for n in names if n in ("medusa", "eagle")]
+    if drafter_kinds and not args.drafter_dir:
+        raise ValueError(f"bench: {', '.join(drafter_kinds)} need --drafter-dir")
+    loaded, adapter_sha = _load_target(args)
+    drafters = load_drafters(args.drafter_dir, loaded, adapter_sha, drafter_kinds)
+    engine, methods, choices, curve = _tuned_methods(
+        args, loaded, [n for n in names if n not in drafter_kinds], _log
+    )
+    engine.drafters = drafters
+    overrides = parse_overrides(args.config, scoped=True)
+    for kind, drafter in drafters.items():
+        methods[kind] = overrides.get(kind) or _drafter_config(drafter, curve)
+        choices[kind] = {"config": methods[kind], "chosen_from": "device cost curve"}
+        _log(f"  {kind}: {methods[kind]}")
     methods.update({b: None for b in baselines})
     prompts = bench.load_specbench(args.data, args.per_task, loaded.tokenizer)
     _log(f"benchmarking {len(prompts)} prompts x {len(methods)} methods ...")
@@ -185,6 +259,8 @@ def cmd_bench(args) -> int:
     report["cost_curve_ms"] = curve.ms
     report["strategy_configs"] = {n: c for n, c in methods.items() if c is not None}
     report["tuning"] = choices
+    if drafters:
+        report["drafters"] = {k: d.manifest.model_dump(mode="json") for k, d in drafters.items()}
     print(bench.format_table(report))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
@@ -193,6 +269,16 @@ def cmd_bench(args) -> int:
         bench.plot_report(report, Path(args.plot))
         _log(f"wrote {args.plot}")
     return 0
+
+
+def _drafter_config(drafter, curve) -> dict:
+    """Tree size for this drafter on this device: expected τ / (verify + draft cost)."""
+    from specserve.engine.drafters.budget import measure_step_cost, tree_config
+
+    step = measure_step_cost(drafter, curve)
+    config = tree_config(drafter.kind, drafter.manifest.accept_rates, curve, step)
+    config.pop("predicted_speedup")
+    return config
 
 
 def _device_name(device) -> str:
@@ -258,6 +344,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--baselines", default="hf_ar,hf_pld")
     b.add_argument("--out", type=Path, default=None)
     b.add_argument("--plot", type=Path, default=None)
+    b.add_argument("--drafter-dir", type=Path, default=None, help="DIR/medusa, DIR/eagle")
+    for p in (b, sub.choices["tune"]):
+        p.add_argument("--adapter", type=Path, default=None, help="LoRA adapter directory")
+
+    t = sub.add_parser("train-drafter", help="train Medusa heads or an EAGLE layer")
+    _add_model_args(t)
+    t.add_argument("--adapter", type=Path, default=None, help="LoRA adapter directory")
+    t.add_argument("--kind", required=True, choices=["medusa", "eagle"])
+    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--budget-minutes", type=float, default=12.0)
+    t.set_defaults(func=cmd_train_drafter)
     return parser
 
 

@@ -52,17 +52,19 @@ def choose_tree_size(
     relative_cost: Callable[[int], float],
     max_size: int = 64,
     draft_step_cost: float = 0.0,
+    draft_fixed_cost: float = 0.0,
 ) -> tuple[int, float]:
     """(size, predicted speedup over plain decoding) maximizing expected τ / step cost.
 
     A step verifies 1 + size tokens, costing relative_cost(1 + size) (the device curve,
     relative to a 1-token forward), plus draft_step_cost per draft depth (the drafter's own
-    forward, relative to the same). Example: acc [[0.8]*4]*8 with a flat (GPU-like) curve
+    forward, relative to the same) and draft_fixed_cost once per step. Example: acc [[0.8]*4]*8 with a flat (GPU-like) curve
     picks a large tree; with cost 1 + 0.1 * k it picks a small one.
     """
     best = (0, 1.0)
     for size in range(1, max_size + 1):
-        cost = relative_cost(1 + size) + draft_step_cost * tree_depth(acc, size)
+        depth = tree_depth(acc, size)
+        cost = relative_cost(1 + size) + draft_step_cost * depth + draft_fixed_cost
         speed = expected_tau(acc, size) / cost
         if speed > best[1] + 1e-12:
             best = (size, speed)
