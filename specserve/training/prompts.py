@@ -32,13 +32,31 @@ SENTENCES = ["The weather is nice today.", "Where is the train station?",
              "We are going to the beach tomorrow.", "This book is very interesting.",
              "Can you help me find my keys?", "The meeting starts at nine o'clock.",
              "She plays the piano every evening.", "The children are reading in the garden."]
+GERMAN = ["Das Wetter ist heute schön .", "Die Regierung hat neue Steuern angekündigt .",
+          "Viele Menschen fahren im Sommer an die Küste .", "Der Zug hatte zwei Stunden Verspätung .",
+          "Die Preise für Lebensmittel sind im letzten Jahr gestiegen .",
+          "Das Museum zeigt eine Ausstellung über moderne Kunst .",
+          "Die Schüler lernen in der Schule drei Sprachen .",
+          "Der Bürgermeister eröffnete gestern die neue Brücke .",
+          "Die Firma will im nächsten Jahr hundert neue Mitarbeiter einstellen .",
+          "Nach dem Regen war die Straße gesperrt ."]
+WORKS = ["Hamlet", "Pride and Prejudice", "War and Peace", "The Odyssey", "Don Quixote",
+         "Moby-Dick", "The Divine Comedy", "Faust", "Les Misérables", "The Great Gatsby"]
+COUNTRIES = ["France", "Japan", "Brazil", "Canada", "Egypt", "Australia", "Norway", "Kenya",
+             "Mexico", "India", "Italy", "Chile"]
 ITEMS = ["apples", "notebooks", "tickets", "shirts", "pencils", "cups of tea", "books"]
 
 
 def _doc_passages(chars: int) -> list[tuple[str, str]]:
+    """(topic, passage) for consecutive `chars`-long chunks of every topic's text."""
     from pydoc_data.topics import topics
 
-    return [(name, topics[name][:chars].strip()) for name in sorted(topics)]
+    out = []
+    for name in sorted(topics):
+        text = topics[name]
+        for start in range(0, max(len(text) - chars // 2, 1), chars):
+            out.append((name, text[start : start + chars].strip()))
+    return out
 
 
 def training_prompts(count: int, seed: int = 0, chars: int = 600) -> list[str]:
@@ -59,6 +77,12 @@ def training_prompts(count: int, seed: int = 0, chars: int = 600) -> list[str]:
         lambda: "Explain the following passage to a beginner, with an example:\n\n"
         + rng.choice(docs)[1],
         lambda: _doc_question(rng, docs),
+        lambda: f"Translate German to English: {rng.choice(GERMAN)} {rng.choice(GERMAN)}",
+        lambda: rng.choice(
+            [f"Who wrote {rng.choice(WORKS)}?", f"What is the capital of {rng.choice(COUNTRIES)}?",
+             f"What language is spoken in {rng.choice(COUNTRIES)}?",
+             f"When was {rng.choice(WORKS)} written?"]
+        ),
         lambda: f"Translate the first sentence of this text into {rng.choice(LANGS)}:\n\n"
         + rng.choice(docs)[1][:200],
     ]
@@ -67,7 +91,7 @@ def training_prompts(count: int, seed: int = 0, chars: int = 600) -> list[str]:
     attempts = 0
     while len(out) < count and attempts < 50 * count:
         attempts += 1
-        prompt = makers[len(out) % len(makers)]()
+        prompt = makers[attempts % len(makers)]()
         if prompt not in seen:
             seen.add(prompt)
             out.append(prompt)
