@@ -95,7 +95,7 @@ class Loop:
                 self.opt.step()
                 self.state["step"] += 1
                 self.state["elapsed"] += time.perf_counter() - t0
-                self.state["losses"].append(round(float(loss), 4))
+                self.state["losses"].append(round(float(loss.detach()), 4))
                 progress(self.state)
                 if time.monotonic() - last_ckpt > self.settings.checkpoint_seconds:
                     self.save()
