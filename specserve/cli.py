@@ -353,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--adapter", type=Path, default=None, help="LoRA adapter directory")
     t.add_argument("--kind", required=True, choices=["medusa", "eagle"])
     t.add_argument("--out", type=Path, required=True)
-    t.add_argument("--budget-minutes", type=float, default=12.0)
+    t.add_argument("--budget-minutes", type=float, default=20.0)
     t.set_defaults(func=cmd_train_drafter)
     return parser
 

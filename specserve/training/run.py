@@ -43,13 +43,16 @@ class DrafterTrainSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: str = Field(pattern="^(medusa|eagle)$")
-    budget_minutes: float = Field(12.0, gt=0, description="whole command, data included")
+    budget_minutes: float = Field(20.0, gt=0, description="whole command, data included")
     data_share: float = Field(0.6, gt=0, le=1, description="most of the budget data may take")
     prompts: int = Field(480, ge=2)
     heldout: int = Field(24, ge=1, description="prompts kept out of training, for evaluation")
     max_new_tokens: int = Field(128, ge=1)
     gen_batch: int = Field(24, ge=1)
     draft_vocab: int = Field(8192, ge=16)
+    eagle_context: int = Field(
+        64, ge=1, description="prompt tokens kept before each answer in EAGLE training rows"
+    )
     eval_seconds: float = Field(60, ge=0, description="time reserved for held-out evaluation")
     tau_prompts: int = Field(6, ge=0, description="held-out prompts decoded to measure τ")
     medusa: MedusaSpec = MedusaSpec()
@@ -152,8 +155,9 @@ def train_drafter(
         state = trainers.train_medusa(module, rows_w, rows, ts, max(train_s, 1.0), ckpt, progress)
         acc = trainers.medusa_accept_rates(module, rows_w, held_rows, spec.topk)
     else:
-        batches = _eagle_batches(seqs, plens, feats, index, ts.eagle_batch_seqs)
-        held_batches = _eagle_batches(held_seqs, held_plens, held_feats, index, 4)
+        ctx = settings.eagle_context
+        batches = _eagle_batches(seqs, plens, feats, index, ts.eagle_batch_seqs, ctx)
+        held_batches = _eagle_batches(held_seqs, held_plens, held_feats, index, 4, ctx)
         std = torch.cat([f[:, 0] for f in feats]).std(0)  # [H] of the first input layer
         if module.fuse is not None:
             std = None  # fused features: noise is added after fusion, scaled by its own std
@@ -203,7 +207,13 @@ def train_drafter(
     return drafter
 
 
-def _eagle_batches(seqs, plens, feats, index, size) -> list[examples.EagleBatch]:
+def _eagle_batches(seqs, plens, feats, index, size, context) -> list[examples.EagleBatch]:
+    """Batches of similar length; each sequence keeps `context` prompt tokens before its answer
+    (features come from the full sequence, so they are exact; the draft just sees less)."""
+    cut = [max(p - context, 0) for p in plens]
+    seqs = [s[c:] for s, c in zip(seqs, cut)]
+    plens = [p - c for p, c in zip(plens, cut)]
+    feats = [f[c:] for f, c in zip(feats, cut)]
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     out = []
     for s in range(0, len(order), size):
