@@ -184,9 +184,10 @@ def load_drafters(drafter_dir: Path, loaded, adapter_sha: str | None, kinds: lis
         path = Path(drafter_dir) / kind
         if not (path / MANIFEST).exists():
             path = Path(drafter_dir)
-            if not (path / MANIFEST).exists() or json.loads((path / MANIFEST).read_text())[
-                "kind"
-            ] != kind:
+            if (
+                not (path / MANIFEST).exists()
+                or json.loads((path / MANIFEST).read_text())["kind"] != kind
+            ):
                 raise ValueError(f"drafter-dir: no {kind} drafter in {drafter_dir}")
         out[kind] = load_drafter(path, loaded.model, loaded.model_id, adapter_sha, weights)
     return out

@@ -121,8 +121,19 @@ def test_train_drafter_then_bench_with_drafters(tmp_path, model_dir):
     cache = tmp_path / "cache"
     for kind in ("medusa", "eagle"):
         code = main(
-            ["train-drafter", "--model", str(model_dir), "--cache-dir", str(cache), "--kind", kind,
-             "--out", str(tmp_path / "drafters" / kind), "--budget-minutes", "0.05"]
+            [
+                "train-drafter",
+                "--model",
+                str(model_dir),
+                "--cache-dir",
+                str(cache),
+                "--kind",
+                kind,
+                "--out",
+                str(tmp_path / "drafters" / kind),
+                "--budget-minutes",
+                "0.05",
+            ]
         )
         assert code == 0
         manifest = json.loads((tmp_path / "drafters" / kind / "manifest.json").read_text())
@@ -134,10 +145,28 @@ def test_train_drafter_then_bench_with_drafters(tmp_path, model_dir):
     rows = [{"question_id": i, "task": "alpha", "turns": [f"w{i} w{i + 1} w{i}"]} for i in (3, 4)]
     data.write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "report.json"
-    argv = ["bench", "--model", str(model_dir), "--cache-dir", str(cache), "--data", str(data),
-            "--per-task", "2", "--max-new-tokens", "6", "--no-tune", "--baselines", "hf_ar",
-            "--strategies", "ar,medusa,eagle", "--drafter-dir", str(tmp_path / "drafters"),
-            "--out", str(out)]
+    argv = [
+        "bench",
+        "--model",
+        str(model_dir),
+        "--cache-dir",
+        str(cache),
+        "--data",
+        str(data),
+        "--per-task",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--no-tune",
+        "--baselines",
+        "hf_ar",
+        "--strategies",
+        "ar,medusa,eagle",
+        "--drafter-dir",
+        str(tmp_path / "drafters"),
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     report = json.loads(out.read_text())
     assert set(report["results"]) == {"ar", "medusa", "eagle", "hf_ar"}
@@ -164,10 +193,38 @@ def test_bench_refuses_a_drafter_for_another_model(tmp_path, model_dir, capsys):
     torch.manual_seed(9)
     LlamaForCausalLM(cfg).save_pretrained(str(other))  # same architecture, other weights
     cache = tmp_path / "cache"
-    assert main(["train-drafter", "--model", str(other), "--cache-dir", str(cache), "--kind",
-                 "medusa", "--out", str(tmp_path / "d" / "medusa"), "--budget-minutes", "0.05"]) == 0
-    code = main(["bench", "--model", str(model_dir), "--cache-dir", str(cache), "--no-tune",
-                 "--strategies", "ar,medusa", "--drafter-dir", str(tmp_path / "d")])
+    assert (
+        main(
+            [
+                "train-drafter",
+                "--model",
+                str(other),
+                "--cache-dir",
+                str(cache),
+                "--kind",
+                "medusa",
+                "--out",
+                str(tmp_path / "d" / "medusa"),
+                "--budget-minutes",
+                "0.05",
+            ]
+        )
+        == 0
+    )
+    code = main(
+        [
+            "bench",
+            "--model",
+            str(model_dir),
+            "--cache-dir",
+            str(cache),
+            "--no-tune",
+            "--strategies",
+            "ar,medusa",
+            "--drafter-dir",
+            str(tmp_path / "d"),
+        ]
+    )
     assert code == 2
     assert "base model weights differ" in capsys.readouterr().err
 

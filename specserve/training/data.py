@@ -78,7 +78,9 @@ def generate_answers(
 ) -> DistillData:
     """Fill missing answers by greedy batched `generate()`, prompts of similar length together;
     stops early (answers stay None) at `deadline` (time.monotonic())."""
-    todo = sorted((i for i, a in enumerate(data.answers) if a is None), key=lambda i: len(data.prompts[i]))
+    todo = sorted(
+        (i for i, a in enumerate(data.answers) if a is None), key=lambda i: len(data.prompts[i])
+    )
     pad = min(eos_ids) if eos_ids else 0
     for start in range(0, len(todo), batch_size):
         if deadline is not None and time.monotonic() > deadline:

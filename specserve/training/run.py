@@ -105,8 +105,13 @@ def train_drafter(
         log(f"generating {missing} answers (batched, {settings.gen_batch} per batch) ...")
         b = bar(missing, "distill")
         generate_answers(
-            model, data, eos_ids, settings.gen_batch, data_file,
-            deadline=started + settings.data_share * budget_s, progress=b.update,
+            model,
+            data,
+            eos_ids,
+            settings.gen_batch,
+            data_file,
+            deadline=started + settings.data_share * budget_s,
+            progress=b.update,
         )
         b.close()
     done = data.done
@@ -114,8 +119,10 @@ def train_drafter(
         raise ValueError(f"train-drafter: only {len(done)} answers within the budget; raise it")
     heldout_n = min(settings.heldout, max(len(done) // 10, 1))
     held, train_idx = done[-heldout_n:], done[:-heldout_n]
-    log(f"data: {len(train_idx)} training / {len(held)} held-out examples "
-        f"({data.seconds:.0f}s of generation)")
+    log(
+        f"data: {len(train_idx)} training / {len(held)} held-out examples "
+        f"({data.seconds:.0f}s of generation)"
+    )
 
     # 2. features and the draft vocabulary
     kind = settings.kind
@@ -199,7 +206,9 @@ def train_drafter(
         },
     )
     drafter = Drafter(manifest, spec, module, draft_vocab.to(model.device), model)
-    tau, config = heldout_tau(model, tokenizer, eos_ids, drafter, [data.prompts[i] for i in held], settings)
+    tau, config = heldout_tau(
+        model, tokenizer, eos_ids, drafter, [data.prompts[i] for i in held], settings
+    )
     manifest.heldout_tau = tau
     manifest.training["heldout_tau_config"] = config
     save_drafter(out_dir, manifest, module, draft_vocab)
@@ -226,10 +235,15 @@ def _eagle_batches(seqs, plens, feats, index, size, context) -> list[examples.Ea
     return out
 
 
-DEFAULT_EVAL_CONFIG = {"medusa": {"tree_size": 10}, "eagle": {"depth": 5, "topk": 4, "total_tokens": 12}}
+DEFAULT_EVAL_CONFIG = {
+    "medusa": {"tree_size": 10},
+    "eagle": {"depth": 5, "topk": 4, "total_tokens": 12},
+}
 
 
-def heldout_tau(model, tokenizer, eos_ids, drafter: Drafter, prompts, settings) -> tuple[float | None, dict]:
+def heldout_tau(
+    model, tokenizer, eos_ids, drafter: Drafter, prompts, settings
+) -> tuple[float | None, dict]:
     """Mean τ of greedy decoding of held-out prompts with the drafter (a mid-size tree)."""
     config = DEFAULT_EVAL_CONFIG[drafter.kind]
     if not settings.tau_prompts:

@@ -87,7 +87,9 @@ class Loop:
                     break
                 t0 = time.perf_counter()
                 for group in self.opt.param_groups:
-                    group["lr"] = _lr(self.settings, self.state["step"], self.state["elapsed"] / self.budget_s)
+                    group["lr"] = _lr(
+                        self.settings, self.state["step"], self.state["elapsed"] / self.budget_s
+                    )
                 loss = loss_fn(batch)
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -158,8 +160,15 @@ def medusa_accept_rates(heads, rows_w, data: MedusaRows, topk: int) -> list[list
 # --- EAGLE ----------------------------------------------------------------------------------
 
 
-def eagle_unrolled(draft: EagleDraft, target, embed, batch: EagleBatch, steps: int, noise: float,
-                   std: torch.Tensor | None = None):
+def eagle_unrolled(
+    draft: EagleDraft,
+    target,
+    embed,
+    batch: EagleBatch,
+    steps: int,
+    noise: float,
+    std: torch.Tensor | None = None,
+):
     """Outputs [steps] of h~ [b, n, H]: pass 1 from the target's features (plus noise), pass j
     from pass j - 1's outputs shifted by one position, over a cache of the earlier passes
     (`ttt_allowed`). Row t of pass j drafts token t + 2 at tree depth j."""
@@ -199,8 +208,17 @@ def eagle_loss(outs, batch: EagleBatch, rows_w, settings: TrainerSettings) -> to
     return total
 
 
-def train_eagle(draft, target, rows_w, batches_all: list[EagleBatch], settings, budget_s,
-                ckpt=None, progress=None, std=None):
+def train_eagle(
+    draft,
+    target,
+    rows_w,
+    batches_all: list[EagleBatch],
+    settings,
+    budget_s,
+    ckpt=None,
+    progress=None,
+    std=None,
+):
     draft.train()
     embed = target.get_input_embeddings()
     loop = Loop(draft, settings, budget_s, ckpt)
@@ -211,8 +229,9 @@ def train_eagle(draft, target, rows_w, batches_all: list[EagleBatch], settings, 
         return [batches_all[i] for i in order]
 
     def loss_fn(batch):
-        outs = eagle_unrolled(draft, target, embed, batch, settings.ttt_steps,
-                              settings.feature_noise, std)
+        outs = eagle_unrolled(
+            draft, target, embed, batch, settings.ttt_steps, settings.feature_noise, std
+        )
         return eagle_loss(outs, batch, rows_w, settings)
 
     state = loop.run(batches, loss_fn, progress or (lambda s: None))

@@ -177,7 +177,9 @@ def test_features_of_pending_and_tree_rows_equal_plain_forwards(model):
     tree = DraftTree.from_chains([[42, 7, 9], [42, 11], [3]])
     cache = hf_internals.new_cache(model.config)
     verify_forward(model, cache, 0, prefix[:3], Draft())
-    out = verify_forward(model, cache, 3, prefix[3:], Draft(tree), pad_to=12, feature_layers=(0, -1))
+    out = verify_forward(
+        model, cache, 3, prefix[3:], Draft(tree), pad_to=12, feature_layers=(0, -1)
+    )
     assert out.features.shape == (2 + len(tree), 2, model.config.hidden_size)
 
     def plain(tokens):

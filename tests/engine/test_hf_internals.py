@@ -164,8 +164,12 @@ def test_hidden_features_map_to_layer_outputs_and_the_normed_final(tiny_llama):
     model = tiny_llama(0, layers=3)
     ids = torch.tensor([[5, 9, 2, 7]])
     captured = []
-    hooks = [layer.register_forward_hook(lambda m, i, o: captured.append(o[0] if isinstance(o, tuple) else o))
-             for layer in model.model.layers]
+    hooks = [
+        layer.register_forward_hook(
+            lambda m, i, o: captured.append(o[0] if isinstance(o, tuple) else o)
+        )
+        for layer in model.model.layers
+    ]
     try:
         out = model(input_ids=ids, output_hidden_states=True)
     finally:
@@ -196,11 +200,21 @@ def test_fresh_decoder_layer_with_cache_equals_one_pass(tiny_llama):
     one = hf_internals.layer_forward(layer, x, mask, pos, None, hf_internals.rotary(model, x, pos))
     cache = hf_internals.empty_cache()
     a = hf_internals.layer_forward(
-        layer, x[:, :4], mask[..., :4, :4], pos[:, :4], cache, hf_internals.rotary(model, x[:, :4], pos[:, :4])
+        layer,
+        x[:, :4],
+        mask[..., :4, :4],
+        pos[:, :4],
+        cache,
+        hf_internals.rotary(model, x[:, :4], pos[:, :4]),
     )
     assert hf_internals.cache_length(cache) == 4
     b = hf_internals.layer_forward(
-        layer, x[:, 4:], mask[..., 4:, :], pos[:, 4:], cache, hf_internals.rotary(model, x[:, 4:], pos[:, 4:])
+        layer,
+        x[:, 4:],
+        mask[..., 4:, :],
+        pos[:, 4:],
+        cache,
+        hf_internals.rotary(model, x[:, 4:], pos[:, 4:]),
     )
     assert hf_internals.cache_length(cache) == 6
     assert torch.allclose(torch.cat([a, b], dim=1), one, atol=ATOL)

@@ -130,4 +130,3 @@ def test_drafter_sampling_matches_ar(drafter_engine, ar_samples, kind):
     assert tau > 1.05
     pvals = _pvalues(ar_samples, spec)
     assert min(pvals.values()) > ALPHA, pvals
-

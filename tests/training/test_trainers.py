@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
 from specserve.engine.drafters.artifact import build_module
+from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
 from specserve.engine.drafters.vocab import head_rows
 from specserve.training import examples, trainers
 from specserve.training.data import teacher_features
@@ -64,8 +64,13 @@ def _loopy_data(model, n=24, length=40):
     with torch.inference_mode():
         for i in range(n):
             prompt = torch.randint(0, 96, (1, 4), generator=g)
-            out = model.generate(prompt, attention_mask=torch.ones_like(prompt),
-                                 max_new_tokens=length, do_sample=False, pad_token_id=0)
+            out = model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=length,
+                do_sample=False,
+                pad_token_id=0,
+            )
             seqs.append(out[0].tolist())
     return seqs
 
@@ -101,8 +106,10 @@ def test_eagle_training_learns(tiny_llama):
     feats = teacher_features(model, seqs, (-1, -1))
     vocab = torch.arange(96)
     index = examples.vocab_index(vocab, 96)
-    batches = [examples.eagle_batch(seqs[i : i + 4], plens[i : i + 4], feats[i : i + 4], index)
-               for i in range(0, len(seqs), 4)]
+    batches = [
+        examples.eagle_batch(seqs[i : i + 4], plens[i : i + 4], feats[i : i + 4], index)
+        for i in range(0, len(seqs), 4)
+    ]
     draft = build_module(model, EagleSpec())
     w = head_rows(model, vocab)
     before = trainers.eagle_accept_rates(draft, model, w, batches, depth=2, topk=1)

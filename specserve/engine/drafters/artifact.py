@@ -69,8 +69,7 @@ def _base_param_name(name: str) -> str | None:
     if "lora_" in name or "modules_to_save" in name:
         return None
     for prefix in ("base_model.model.",):
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
+        name = name.removeprefix(prefix)
     return name.replace(".base_layer.", ".")
 
 

@@ -32,11 +32,18 @@ def tree_config(
     paths = [p for p, _ in greedy_tree(acc, size)]
     depth = max(len(p) for p in paths)
     topk = min(max(2, 1 + max(r for p in paths for r in p)), 8)
-    return {"depth": depth, "topk": topk, "total_tokens": size, "predicted_speedup": round(speed, 3)}
+    return {
+        "depth": depth,
+        "topk": topk,
+        "total_tokens": size,
+        "predicted_speedup": round(speed, 3),
+    }
 
 
 @torch.inference_mode()
-def measure_step_cost(drafter: Drafter, curve: CostCurve, rows: int = 4, repeats: int = 20) -> float:
+def measure_step_cost(
+    drafter: Drafter, curve: CostCurve, rows: int = 4, repeats: int = 20
+) -> float:
     """Median wall time of one draft level over `rows` nodes (EAGLE: the layer + draft LM head;
     Medusa: all heads + LM head for one feature), relative to the curve's 1-token forward."""
     target = drafter.target

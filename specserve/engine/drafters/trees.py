@@ -29,8 +29,15 @@ def greedy_tree(acc: Sequence[Sequence[float]], size: int) -> list[tuple[Path, f
         depth, rank = len(path), path[-1]
         if rank + 1 < len(acc[depth - 1]):  # next sibling
             sib = path[:-1] + (rank + 1,)
-            heapq.heappush(frontier, (-(prob / acc[depth - 1][rank] * acc[depth - 1][rank + 1])
-                                      if acc[depth - 1][rank] > 0 else 0.0, sib))
+            heapq.heappush(
+                frontier,
+                (
+                    -(prob / acc[depth - 1][rank] * acc[depth - 1][rank + 1])
+                    if acc[depth - 1][rank] > 0
+                    else 0.0,
+                    sib,
+                ),
+            )
         if depth < len(acc) and acc[depth]:  # first child
             heapq.heappush(frontier, (-(prob * acc[depth][0]), path + (0,)))
     return out

@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch
 
 
-def request_vocab(draft_vocab: torch.Tensor, prompt_ids: list[int], vocab_size: int) -> torch.Tensor:
+def request_vocab(
+    draft_vocab: torch.Tensor, prompt_ids: list[int], vocab_size: int
+) -> torch.Tensor:
     """Sorted unique ids of the draft vocabulary and the prompt, within the model's vocab.
 
     Example: draft_vocab [5, 1], prompt [1, 9, 200], vocab_size 100 -> [1, 5, 9].

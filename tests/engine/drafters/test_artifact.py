@@ -34,12 +34,22 @@ def test_round_trip(tmp_path, tiny_llama, random_drafter, spec):
     loaded = load_drafter(path, model, "tiny")
     assert loaded.spec == spec and loaded.kind == spec.kind
     assert loaded.draft_vocab.tolist() == [3, 5, 7]
-    for (k, a), (_, b) in zip(drafter.module.state_dict().items(), loaded.module.state_dict().items()):
+    for (k, a), (_, b) in zip(
+        drafter.module.state_dict().items(), loaded.module.state_dict().items()
+    ):
         assert torch.equal(a, b), k
     assert not any(p.requires_grad for p in loaded.module.parameters())
     manifest = json.loads((path / "manifest.json").read_text())
-    assert {"kind", "base_model_id", "base_weights_sha256", "adapter_sha256", "spec",
-            "accept_rates", "heldout_tau", "training"} <= set(manifest)
+    assert {
+        "kind",
+        "base_model_id",
+        "base_weights_sha256",
+        "adapter_sha256",
+        "spec",
+        "accept_rates",
+        "heldout_tau",
+        "training",
+    } <= set(manifest)
 
 
 def test_other_base_model_is_refused(tmp_path, tiny_llama, random_drafter):

@@ -51,8 +51,25 @@ def _curve(ms: dict[int, float]) -> CostCurve:
     return CostCurve(model_id="m", device="d", dtype="t", context=200, ms=ms)
 
 
-CPU_MS = {1: 57, 2: 94, 3: 112, 4: 84, 5: 76, 6: 81, 7: 100, 8: 88, 10: 102, 12: 88, 16: 106,
-          20: 98, 24: 107, 32: 137, 40: 164, 48: 180, 64: 217}  # measured here (docs/benchmarks.md)
+CPU_MS = {
+    1: 57,
+    2: 94,
+    3: 112,
+    4: 84,
+    5: 76,
+    6: 81,
+    7: 100,
+    8: 88,
+    10: 102,
+    12: 88,
+    16: 106,
+    20: 98,
+    24: 107,
+    32: 137,
+    40: 164,
+    48: 180,
+    64: 217,
+}  # measured here (docs/benchmarks.md)
 GPU_MS = {k: 22.0 + 0.01 * k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256)}  # DESIGN.md: flat
 
 

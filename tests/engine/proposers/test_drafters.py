@@ -93,7 +93,6 @@ def test_padded_widths_and_eos_equal_ar(engines, tokenizer, shape):
     assert got_eos.output_ids == ref_eos.output_ids and got_eos.finish_reason == "stop"
 
 
-
 @torch.inference_mode()
 def test_features_are_the_targets_own(engines, tokenizer):
     """Every feature handed to the proposer equals the target's final feature at that position
@@ -159,8 +158,11 @@ def test_drafts_are_accepted_when_the_drafter_is_right(tiny_llama, tokenizer, ra
     prompt = _prompt(30, 0)
     params = SamplingParams(max_new_tokens=48)
     for kind, spec, config in [
-        ("medusa", MedusaSpec(heads=2, topk=48), {"tree_size": 60,
-                                                  "accept_rates": [[0.9] * 48, [0.01] * 48]}),
+        (
+            "medusa",
+            MedusaSpec(heads=2, topk=48),
+            {"tree_size": 60, "accept_rates": [[0.9] * 48, [0.01] * 48]},
+        ),
         ("eagle", EagleSpec(), {"depth": 2, "topk": 20, "total_tokens": 60}),
     ]:
         drafter = random_drafter(model, spec, seed=3, scale=0.02)
