@@ -70,7 +70,8 @@ def _log(msg: str) -> None:
 
 
 def _cached_tuning(args, loaded, strategy: str):
-    """(pad_width, tuned config or None) from an earlier `tune`/`bench` on this model and device."""
+    """(cost curve, tuned config), each None when absent, from an earlier `tune`/`bench` on this
+    model and device."""
     from specserve.engine.cost import CostCurve, cost_curve_path
     from specserve.engine.tuning import Tuned, tuned_path
 
@@ -80,7 +81,7 @@ def _cached_tuning(args, loaded, strategy: str):
     curve = CostCurve.model_validate_json(curve_file.read_text())
     tuned_file = tuned_path(_cache_dir(args), curve, strategy)
     tuned = Tuned.model_validate_json(tuned_file.read_text()) if tuned_file.exists() else None
-    return curve.padded_width, tuned.config if tuned else None
+    return curve, tuned.config if tuned else None
 
 
 def cmd_generate(args) -> int:
@@ -99,10 +100,17 @@ def cmd_generate(args) -> int:
     )
     config = parse_overrides(args.config, scoped=False)
     REGISTRY.config(args.strategy, config)  # fail on a bad strategy before loading the model
-    loaded = _load(args)
-    pad_width, tuned_config = _cached_tuning(args, loaded, args.strategy)
+    kinds = [args.strategy] if args.strategy in DRAFTER_KINDS else []
+    if kinds and not args.drafter_dir:
+        raise ValueError(f"generate: strategy {args.strategy!r} needs --drafter-dir")
+    loaded, adapter_sha = _load_target(args)
+    drafters = load_drafters(args.drafter_dir, loaded, adapter_sha, kinds) if kinds else {}
+    curve, tuned_config = _cached_tuning(args, loaded, args.strategy)
+    if kinds and not config and curve is not None:
+        tuned_config = _drafter_config(drafters[args.strategy], curve)
     config = config or tuned_config or {}
-    engine = Engine.from_loaded(loaded, pad_width)
+    pad_width = curve.padded_width if curve is not None else None
+    engine = Engine.from_loaded(loaded, pad_width, drafters)
     ids = encode_prompt(loaded.tokenizer, args.prompt, chat=not args.raw)
     state = engine.start(ids, params, args.strategy, config)
     for step in engine.stream(state):
@@ -153,6 +161,9 @@ def _tuned_methods(args, loaded, strategies: list[str], log):
             f"{best.predicted_speedup:.2f}x over ar)"
         )
     return engine, methods, choices, curve
+
+
+DRAFTER_KINDS = ("medusa", "eagle")
 
 
 def _load_target(args):
@@ -236,7 +247,7 @@ def cmd_bench(args) -> int:
     for b in baselines:
         if b not in bench.BASELINES:
             raise ValueError(f"baselines: unknown {b!r}; valid: {', '.join(bench.BASELINES)}")
-    drafter_kinds = [n for n in names if n in ("medusa", "eagle")]
+    drafter_kinds = [n for n in names if n in DRAFTER_KINDS]
     if drafter_kinds and not args.drafter_dir:
         raise ValueError(f"bench: {', '.join(drafter_kinds)} need --drafter-dir")
     loaded, adapter_sha = _load_target(args)
@@ -325,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", default=None)
+    gen.add_argument("--adapter", type=Path, default=None, help="LoRA adapter directory")
+    gen.add_argument("--drafter-dir", type=Path, default=None, help="DIR/medusa, DIR/eagle")
     gen.set_defaults(func=cmd_generate)
 
     for name, func, helptext in (

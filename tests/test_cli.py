@@ -115,7 +115,7 @@ def test_bench_report_contract(tmp_path, model_dir):
     assert report["results"]["hf_ar"]["speedup_vs_hf_ar"] == 1.0
 
 
-def test_train_drafter_then_bench_with_drafters(tmp_path, model_dir):
+def test_train_drafter_then_bench_with_drafters(tmp_path, model_dir, capsys):
     """Both kinds train on the tiny model within a few seconds, are saved with a manifest, and
     bench decodes with them (identical to ar) and reports their manifests."""
     cache = tmp_path / "cache"
@@ -175,6 +175,23 @@ def test_train_drafter_then_bench_with_drafters(tmp_path, model_dir):
         assert report["drafters"][name]["kind"] == name
     assert "total_tokens" in report["strategy_configs"]["eagle"]
     assert "tree_size" in report["strategy_configs"]["medusa"]
+    gen = [
+        "generate",
+        "--model",
+        str(model_dir),
+        "--cache-dir",
+        str(cache),
+        "--raw",
+        "--prompt",
+        "w1 w2 w3 w1 w2",
+        "--max-new-tokens",
+        "8",
+    ]
+    capsys.readouterr()
+    assert main(gen + ["--strategy", "ar"]) == 0
+    ar = capsys.readouterr().out
+    assert main(gen + ["--strategy", "eagle", "--drafter-dir", str(tmp_path / "drafters")]) == 0
+    assert capsys.readouterr().out == ar
 
 
 def test_bench_refuses_a_drafter_for_another_model(tmp_path, model_dir, capsys):
