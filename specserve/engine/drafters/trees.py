@@ -19,27 +19,18 @@ def greedy_tree(acc: Sequence[Sequence[float]], size: int) -> list[tuple[Path, f
     Example: acc [[0.6, 0.2], [0.5, 0.1]], size 3 -> [((0,), 0.6), ((0, 0), 0.3), ((1,), 0.2)].
     """
     out: list[tuple[Path, float]] = []
-    frontier: list[tuple[float, Path]] = []
-    if acc and acc[0]:
-        heapq.heappush(frontier, (-acc[0][0], (0,)))
+    frontier: list[tuple[float, Path]] = []  # (-probability, path): a max-heap
+
+    def push_children(path: Path, prob: float) -> None:
+        if len(path) < len(acc):
+            for rank, a in enumerate(acc[len(path)]):
+                heapq.heappush(frontier, (-prob * a, path + (rank,)))
+
+    push_children((), 1.0)
     while frontier and len(out) < size:
         neg, path = heapq.heappop(frontier)
-        prob = -neg
-        out.append((path, prob))
-        depth, rank = len(path), path[-1]
-        if rank + 1 < len(acc[depth - 1]):  # next sibling
-            sib = path[:-1] + (rank + 1,)
-            heapq.heappush(
-                frontier,
-                (
-                    -(prob / acc[depth - 1][rank] * acc[depth - 1][rank + 1])
-                    if acc[depth - 1][rank] > 0
-                    else 0.0,
-                    sib,
-                ),
-            )
-        if depth < len(acc) and acc[depth]:  # first child
-            heapq.heappush(frontier, (-(prob * acc[depth][0]), path + (0,)))
+        out.append((path, -neg))
+        push_children(path, -neg)
     return out
 
 
