@@ -137,6 +137,8 @@ def train_drafter(
     counts = token_counts([data.answers[i] for i in train_idx], vocab_size)
     draft_vocab = frequent_vocab(counts, settings.draft_vocab)
     index = examples.vocab_index(draft_vocab, vocab_size)
+    if kind == "medusa" and spec.own_head:
+        spec = spec.model_copy(update={"own_head": len(draft_vocab)})
     log(f"teacher features (layers {layers}) over {len(seqs) + len(held_seqs)} sequences ...")
     feats = teacher_features(model, seqs, layers)
     held_feats = teacher_features(model, held_seqs, layers)

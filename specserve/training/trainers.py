@@ -113,7 +113,7 @@ class Loop:
 
 def medusa_loss(heads: MedusaHeads, rows: torch.Tensor, x, y, decay: float) -> torch.Tensor:
     """Σ_k decay^k · CE(head k logits over the draft vocab, target k); rows [v, H], x [N, H]."""
-    out = heads(x) @ rows.T  # [N, K, v]
+    out = heads.logits(x, rows)  # [N, K, v]
     total = x.new_zeros(())
     for k in range(out.shape[1]):
         if (y[:, k] != IGNORE).any():
@@ -122,6 +122,10 @@ def medusa_loss(heads: MedusaHeads, rows: torch.Tensor, x, y, decay: float) -> t
 
 
 def train_medusa(heads, rows_w, data: MedusaRows, settings, budget_s, ckpt=None, progress=None):
+    """rows_w [v, H]: the frozen LM head's draft-vocabulary rows (own heads start from them)."""
+    if heads.head is not None and not (ckpt is not None and ckpt.exists()):
+        with torch.no_grad():
+            heads.head.copy_(rows_w.expand_as(heads.head))
     heads.train()
     loop = Loop(heads, settings, budget_s, ckpt)
     n = len(data.features)
@@ -148,7 +152,7 @@ def medusa_accept_rates(heads, rows_w, data: MedusaRows, topk: int) -> list[list
     hits = torch.zeros(data.targets.shape[1], topk)
     counts = torch.zeros(data.targets.shape[1])
     for i in range(0, len(data.features), 1024):
-        out = heads(data.features[i : i + 1024].to(rows_w.device)) @ rows_w.T  # [n, K, v]
+        out = heads.logits(data.features[i : i + 1024].to(rows_w.device), rows_w)  # [n, K, v]
         top = out.topk(topk, dim=-1).indices.cpu()  # [n, K, topk]
         y = data.targets[i : i + 1024]
         ok = y != IGNORE

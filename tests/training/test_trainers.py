@@ -99,6 +99,25 @@ def test_medusa_training_learns_and_resumes(tiny_llama, tmp_path):
     assert 3.0 <= state2["elapsed"] < 4.5
 
 
+def test_medusa_own_heads_start_as_the_shared_head_and_learn(tiny_llama):
+    model = tiny_llama(1, init_range=0.1)
+    seqs = _loopy_data(model, n=12)
+    feats = teacher_features(model, seqs, (-1,))
+    vocab = torch.arange(96)
+    rows = examples.medusa_rows(seqs, [4] * len(seqs), feats, 2, examples.vocab_index(vocab, 96))
+    w = head_rows(model, vocab)
+    shared = build_module(model, MedusaSpec(heads=2, topk=4))
+    own = build_module(model, MedusaSpec(heads=2, topk=4, own_head=96))
+    settings = trainers.TrainerSettings(lr=3e-3, warmup_steps=2)
+    trainers.train_medusa(own, w, rows, settings, budget_s=0.0)  # initializes, no step
+    x = rows.features[:5]
+    assert torch.allclose(own.logits(x, w), shared.logits(x, w), atol=1e-5)
+    before = trainers.medusa_accept_rates(own, w, rows, 1)
+    trainers.train_medusa(own, w, rows, settings, budget_s=2.0)
+    after = trainers.medusa_accept_rates(own, w, rows, 1)
+    assert after[1][0] > before[1][0] + 0.1, (before, after)
+
+
 def test_eagle_training_learns(tiny_llama):
     model = tiny_llama(1, init_range=0.1)
     seqs = _loopy_data(model)

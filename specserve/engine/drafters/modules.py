@@ -25,6 +25,12 @@ class MedusaSpec(BaseModel):
     kind: Literal["medusa"] = "medusa"
     heads: int = Field(4, ge=1, description="head k drafts the token k + 2 positions ahead")
     topk: int = Field(8, ge=1, description="candidates per head the static tree may use")
+    own_head: int = Field(
+        0,
+        ge=0,
+        description="0: every head shares the frozen LM head; n > 0: each head has its own "
+        "trainable LM head over the n-token draft vocabulary (initialized from the frozen one)",
+    )
 
 
 class EagleSpec(BaseModel):
@@ -57,10 +63,21 @@ class MedusaHeads(nn.Module):
         super().__init__()
         self.spec = spec
         self.blocks = nn.ModuleList(ResBlock(hidden) for _ in range(spec.heads))
+        self.head = (
+            nn.Parameter(torch.zeros(spec.heads, spec.own_head, hidden)) if spec.own_head else None
+        )
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h [..., H] (the target's final feature) -> [..., heads, H], each fed to the LM head."""
         return torch.stack([block(h) for block in self.blocks], dim=-2)
+
+    def logits(self, h: torch.Tensor, shared_rows: torch.Tensor) -> torch.Tensor:
+        """h [..., H] -> [..., heads, v]: over `shared_rows` [v, H] (the frozen LM head's rows
+        of the request's draft vocabulary), or over each head's own rows (v = own_head)."""
+        out = self(h)  # [..., K, H]
+        if self.head is None:
+            return out @ shared_rows.T
+        return torch.einsum("...kh,kvh->...kv", out, self.head)
 
 
 class EagleDraft(nn.Module):

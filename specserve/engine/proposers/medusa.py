@@ -43,7 +43,9 @@ class MedusaProposer:
         spec = drafter.spec
         acc = config.accept_rates or drafter.manifest.accept_rates
         self.paths = static_tree_paths(acc, config.tree_size, spec.heads, spec.topk)
-        self.vocab = request_vocab(drafter.draft_vocab, ctx.prompt_ids, ctx.vocab_size)
+        own = spec.own_head > 0  # own heads score just their trained vocabulary
+        prompt = [] if own else ctx.prompt_ids
+        self.vocab = request_vocab(drafter.draft_vocab, prompt, ctx.vocab_size)
         self.rows = head_rows(drafter.target, self.vocab)  # [v, H]
         self.topk = max((max(p) for p in self.paths), default=0) + 1
         self.candidates: list[list[int]] | None = None  # [heads][topk] token ids
@@ -65,8 +67,7 @@ class MedusaProposer:
     @torch.inference_mode()
     def observe_features(self, features: torch.Tensor, tokens: list[int]) -> None:
         last = features[-1, 0].to(self.rows.dtype)  # [H]: the feature that produced the root
-        heads = self.heads(last)  # [heads, H]
-        logits = heads @ self.rows.T  # [heads, v]
+        logits = self.heads.logits(last, self.rows)  # [heads, v]
         top = logits.topk(min(self.topk, logits.shape[-1]), dim=-1).indices  # [heads, topk]
         self.candidates = self.vocab[top].tolist()
 

@@ -178,3 +178,18 @@ def test_missing_drafter_is_a_clear_error(model, tokenizer):
     for kind in ("medusa", "eagle"):
         with pytest.raises(ValueError, match=f"strategy '{kind}' needs a trained"):
             engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4), kind)
+
+
+def test_medusa_with_own_heads_equals_ar(tiny_llama, tokenizer, random_drafter):
+    model = tiny_llama(1, init_range=0.1)
+    vocab = torch.arange(0, 96, 2)
+    drafter = random_drafter(model, MedusaSpec(heads=3, topk=4, own_head=48), vocab=vocab)
+    engine = _engine(model, tokenizer, drafter)
+    prompt = _prompt(20, 1)
+    params = SamplingParams(max_new_tokens=MAX_NEW)
+    got = engine.generate(prompt, params, "medusa", {"tree_size": 8})
+    assert got.output_ids == engine.generate(prompt, params, "ar").output_ids
+    state = engine.start(prompt, params, "medusa", {"tree_size": 8})
+    engine.step(state)
+    assert set(state.proposer.vocab.tolist()) == set(vocab.tolist())  # own heads: no prompt ids
+    assert all(t % 2 == 0 for t in state.proposer.propose(state.tokens).tree.tokens)
