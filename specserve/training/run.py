@@ -170,9 +170,8 @@ def train_drafter(
         std = torch.cat([f[:, 0] for f in feats]).std(0)  # [H] of the first input layer
         if module.fuse is not None:
             std = None  # fused features: noise is added after fusion, scaled by its own std
-        embed_target = model
         state = trainers.train_eagle(
-            module, embed_target, rows_w, batches, ts, max(train_s, 1.0), ckpt, progress, std
+            module, model, rows_w, batches, ts, max(train_s, 1.0), ckpt, progress, std
         )
         acc = trainers.eagle_accept_rates(
             module, model, rows_w, held_batches, ts.eval_depth, ts.eval_topk
