@@ -161,7 +161,9 @@ def train_drafter(
     if kind == "medusa":
         rows = examples.medusa_rows(seqs, plens, feats, spec.heads, index)
         held_rows = examples.medusa_rows(held_seqs, held_plens, held_feats, spec.heads, index)
-        state = trainers.train_medusa(module, rows_w, rows, ts, max(train_s, 1.0), ckpt, progress)
+        state = trainers.train_medusa(
+            module, rows_w, rows, ts, max(train_s, 1.0), ckpt, progress, held_rows
+        )
         acc = trainers.medusa_accept_rates(module, rows_w, held_rows, spec.topk)
     else:
         ctx = settings.eagle_context
@@ -171,7 +173,7 @@ def train_drafter(
         if module.fuse is not None:
             std = None  # fused features: noise is added after fusion, scaled by its own std
         state = trainers.train_eagle(
-            module, model, rows_w, batches, ts, max(train_s, 1.0), ckpt, progress, std
+            module, model, rows_w, batches, ts, max(train_s, 1.0), ckpt, progress, std, held_batches
         )
         acc = trainers.eagle_accept_rates(
             module, model, rows_w, held_batches, ts.eval_depth, ts.eval_topk
@@ -200,6 +202,8 @@ def train_drafter(
             "train_seconds": round(state["elapsed"], 1),
             "steps": state["step"],
             "epochs": state["epoch"],
+            "heldout_losses": state.get("heldout_losses", []),
+            "best_epoch": state.get("best_epoch"),
             "final_loss": state["losses"][-1] if state["losses"] else None,
             "settings": settings.model_dump(mode="json"),
             "device": str(model.device),

@@ -59,27 +59,59 @@ class Loop:
         self.ckpt = ckpt
         params = [p for p in module.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
-        self.state = {"step": 0, "elapsed": 0.0, "epoch": 0, "losses": []}
+        self.state = {
+            "step": 0,
+            "elapsed": 0.0,
+            "epoch": 0,
+            "losses": [],
+            "heldout_losses": [],  # after each epoch
+            "best_epoch": None,
+        }
+        self.best: dict | None = None  # module state after the best held-out epoch
         if ckpt is not None and ckpt.exists():
             saved = torch.load(ckpt, weights_only=False)
             module.load_state_dict(saved["module"])
             self.opt.load_state_dict(saved["opt"])
             self.state = saved["state"]
+            self.best = saved.get("best")
 
     def save(self) -> None:
         if self.ckpt is None:
             return
         tmp = self.ckpt.with_suffix(".part")
         payload = {"module": self.module.state_dict(), "opt": self.opt.state_dict()}
-        torch.save({**payload, "state": self.state}, tmp)
+        torch.save({**payload, "state": self.state, "best": self.best}, tmp)
         tmp.replace(self.ckpt)
+
+    def _score(self, heldout_loss: Callable[[], float] | None) -> None:
+        """Score the module on held-out data and remember its state if it is the best."""
+        if heldout_loss is None:
+            return
+        t0 = time.perf_counter()
+        self.module.eval()
+        with torch.no_grad():
+            loss = float(heldout_loss())
+        self.module.train()
+        self.state["elapsed"] += time.perf_counter() - t0
+        self.state["heldout_losses"].append(round(loss, 4))
+        if loss <= min(self.state["heldout_losses"]):
+            self.state["best_epoch"] = self.state["epoch"]
+            self.best = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
 
     @property
     def over(self) -> bool:
         return self.state["elapsed"] >= self.budget_s
 
-    def run(self, batches: Callable[[int], list], loss_fn, progress=lambda s: None) -> dict:
-        """Epochs over batches(epoch) until the budget is spent; returns the loop state."""
+    def run(
+        self,
+        batches: Callable[[int], list],
+        loss_fn,
+        progress=lambda s: None,
+        heldout_loss: Callable[[], float] | None = None,
+    ) -> dict:
+        """Epochs over batches(epoch) until the budget is spent; returns the loop state. With
+        `heldout_loss`, each full epoch is scored and the module ends at its best epoch (early
+        stopping: small self-distilled sets overfit within minutes)."""
         last_ckpt = time.monotonic()
         while not self.over:
             for batch in batches(self.state["epoch"]):
@@ -104,6 +136,11 @@ class Loop:
                     last_ckpt = time.monotonic()
             else:
                 self.state["epoch"] += 1
+                self._score(heldout_loss)
+                continue
+            self._score(heldout_loss)  # the budget ended mid-epoch: score the last state too
+        if self.best is not None:
+            self.module.load_state_dict(self.best)
         self.save()
         return self.state
 
@@ -121,8 +158,11 @@ def medusa_loss(heads: MedusaHeads, rows: torch.Tensor, x, y, decay: float) -> t
     return total
 
 
-def train_medusa(heads, rows_w, data: MedusaRows, settings, budget_s, ckpt=None, progress=None):
-    """rows_w [v, H]: the frozen LM head's draft-vocabulary rows (own heads start from them)."""
+def train_medusa(
+    heads, rows_w, data: MedusaRows, settings, budget_s, ckpt=None, progress=None, heldout=None
+):
+    """rows_w [v, H]: the frozen LM head's draft-vocabulary rows (own heads start from them);
+    heldout (MedusaRows) picks the best epoch."""
     if heads.head is not None and not (ckpt is not None and ckpt.exists()):
         with torch.no_grad():
             heads.head.copy_(rows_w.expand_as(heads.head))
@@ -141,7 +181,13 @@ def train_medusa(heads, rows_w, data: MedusaRows, settings, budget_s, ckpt=None,
         x, y = data.features[idx].to(dev), data.targets[idx].to(dev)
         return medusa_loss(heads, rows_w, x, y, settings.medusa_decay)
 
-    state = loop.run(batches, loss_fn, progress or (lambda s: None))
+    def heldout_loss():
+        x, y = heldout.features.to(dev), heldout.targets.to(dev)
+        return medusa_loss(heads, rows_w, x, y, settings.medusa_decay)
+
+    state = loop.run(
+        batches, loss_fn, progress or (lambda s: None), heldout_loss if heldout else None
+    )
     heads.eval()
     return state
 
@@ -222,6 +268,7 @@ def train_eagle(
     ckpt=None,
     progress=None,
     std=None,
+    heldout: list[EagleBatch] | None = None,
 ):
     draft.train()
     embed = target.get_input_embeddings()
@@ -238,7 +285,16 @@ def train_eagle(
         )
         return eagle_loss(outs, batch, rows_w, settings)
 
-    state = loop.run(batches, loss_fn, progress or (lambda s: None))
+    def heldout_loss():
+        total = 0.0
+        for batch in heldout:
+            outs = eagle_unrolled(draft, target, embed, batch, settings.ttt_steps, 0.0)
+            total += float(eagle_loss(outs, batch, rows_w, settings))
+        return total / len(heldout)
+
+    state = loop.run(
+        batches, loss_fn, progress or (lambda s: None), heldout_loss if heldout else None
+    )
     draft.eval()
     return state
 
