@@ -1,4 +1,4 @@
-"""The `specserve` command line: models, generate, tune and bench."""
+"""The `specserve` command line: models, generate, tune, bench and train-drafter."""
 
 from __future__ import annotations
 
@@ -47,24 +47,6 @@ def _load(args):
     return load_model(args.model, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
 
 
-def _with_adapter(args, loaded):
-    """With `--adapter DIR`: validate it against the base, load it through peft and return its
-    resident name (the model in `loaded` becomes the peft wrapper); without: None."""
-    if not getattr(args, "adapter", None):
-        return None
-    from specserve.adapters.resident import ResidentAdapters, base_model_names
-    from specserve.adapters.settings import AdapterLimits
-
-    path = Path(args.adapter).resolve()
-    resident = ResidentAdapters(
-        loaded.model, base_model_names(loaded.model_id), AdapterLimits(root=path.parent)
-    )
-    checked = resident.ensure("adapter@1", path)
-    loaded.model = resident.model
-    _log(f"adapter {path} (rank {checked.rank}, sha256 {checked.sha256[:12]}) loaded as adapter@1")
-    return "adapter@1"
-
-
 def _cache_dir(args) -> Path:
     from specserve.engine.models import default_cache_dir
 
@@ -88,13 +70,18 @@ def _log(msg: str) -> None:
 
 
 def _cached_tuning(args, loaded, strategy: str):
-    """(pad_width, tuned config or None) from an earlier `tune`/`bench` on this model and device."""
-    from specserve.engine.tuning import cached_choices
+    """(cost curve, tuned config), each None when absent, from an earlier `tune`/`bench` on this
+    model and device."""
+    from specserve.engine.cost import CostCurve, cost_curve_path
+    from specserve.engine.tuning import Tuned, tuned_path
 
-    pad_width, configs = cached_choices(
-        _cache_dir(args), loaded.model_id, loaded.device, loaded.dtype, [strategy]
-    )
-    return pad_width, configs.get(strategy)
+    curve_file = cost_curve_path(_cache_dir(args), loaded.model_id, loaded.device, loaded.dtype)
+    if not curve_file.exists():
+        return None, None
+    curve = CostCurve.model_validate_json(curve_file.read_text())
+    tuned_file = tuned_path(_cache_dir(args), curve, strategy)
+    tuned = Tuned.model_validate_json(tuned_file.read_text()) if tuned_file.exists() else None
+    return curve, tuned.config if tuned else None
 
 
 def cmd_generate(args) -> int:
@@ -113,11 +100,17 @@ def cmd_generate(args) -> int:
     )
     config = parse_overrides(args.config, scoped=False)
     REGISTRY.config(args.strategy, config)  # fail on a bad strategy before loading the model
-    loaded = _load(args)
-    pad_width, tuned_config = _cached_tuning(args, loaded, args.strategy)
+    kinds = [args.strategy] if args.strategy in DRAFTER_KINDS else []
+    if kinds and not args.drafter_dir:
+        raise ValueError(f"generate: strategy {args.strategy!r} needs --drafter-dir")
+    loaded, adapter_sha, adapter = _load_target(args)
+    drafters = load_drafters(args.drafter_dir, loaded, adapter_sha, kinds) if kinds else {}
+    curve, tuned_config = _cached_tuning(args, loaded, args.strategy)
+    if kinds and not config and curve is not None:
+        tuned_config = _drafter_config(drafters[args.strategy], curve)
     config = config or tuned_config or {}
-    adapter = _with_adapter(args, loaded)
-    engine = Engine.from_loaded(loaded, pad_width)
+    pad_width = curve.padded_width if curve is not None else None
+    engine = Engine.from_loaded(loaded, pad_width, drafters)
     ids = encode_prompt(loaded.tokenizer, args.prompt, chat=not args.raw)
     state = engine.start(ids, params, args.strategy, config, adapter=adapter)
     for step in engine.stream(state):
@@ -170,8 +163,79 @@ def _tuned_methods(args, loaded, strategies: list[str], log):
     return engine, methods, choices, curve
 
 
-def cmd_tune(args) -> int:
+DRAFTER_KINDS = ("medusa", "eagle")
+
+
+def _load_target(args):
+    """(loaded, adapter sha256, adapter name): the served model and, with --adapter DIR, its LoRA
+    adapter validated (safetensors only, matching base, limits) and loaded through peft; the
+    fingerprint is what drafters are keyed to. Without --adapter: (loaded, None, None)."""
     loaded = _load(args)
+    adapter = getattr(args, "adapter", None)
+    if not adapter:
+        return loaded, None, None
+    from specserve.adapters.resident import ResidentAdapters, base_model_names
+    from specserve.adapters.settings import AdapterLimits
+
+    path = Path(adapter).resolve()
+    limits = AdapterLimits(root=path.parent)
+    resident = ResidentAdapters(loaded.model, base_model_names(loaded.model_id), limits)
+    checked = resident.ensure(ADAPTER_NAME, path)
+    loaded.model = resident.model
+    _log(f"adapter {path} (rank {checked.rank}, sha256 {checked.sha256[:12]}) loaded")
+    return loaded, checked.sha256, ADAPTER_NAME
+
+
+ADAPTER_NAME = "adapter@1"  # the resident name of a command line --adapter
+
+
+def load_drafters(drafter_dir: Path, loaded, adapter_sha: str | None, kinds: list[str]) -> dict:
+    """kind -> Drafter from DIR/<kind>/ (or DIR itself when it holds one artifact), each checked
+    against the served model."""
+    from specserve.engine.drafters.artifact import MANIFEST, base_weights_sha256, load_drafter
+
+    weights = base_weights_sha256(loaded.model)
+    out = {}
+    for kind in kinds:
+        path = Path(drafter_dir) / kind
+        if not (path / MANIFEST).exists():
+            path = Path(drafter_dir)
+            if (
+                not (path / MANIFEST).exists()
+                or json.loads((path / MANIFEST).read_text())["kind"] != kind
+            ):
+                raise ValueError(f"drafter-dir: no {kind} drafter in {drafter_dir}")
+        out[kind] = load_drafter(path, loaded.model, loaded.model_id, adapter_sha, weights)
+    return out
+
+
+def cmd_train_drafter(args) -> int:
+    from tqdm import tqdm
+
+    from specserve.engine.models import default_cache_dir
+    from specserve.training.run import DrafterTrainSettings, train_drafter
+
+    settings = DrafterTrainSettings(kind=args.kind, budget_minutes=args.budget_minutes)
+    loaded, adapter_sha, _ = _load_target(args)  # the adapter is peft's active one in training
+    cache = args.cache_dir or default_cache_dir()
+    drafter = train_drafter(
+        loaded.model,
+        loaded.tokenizer,
+        loaded.model_id,
+        loaded.eos_token_ids,
+        args.out,
+        settings,
+        adapter_sha256=adapter_sha,
+        data_dir=cache / "distill",
+        log=_log,
+        progress_bar=lambda total, desc: tqdm(total=total, desc=desc, file=sys.stderr),
+    )
+    print(drafter.manifest.model_dump_json(indent=1))
+    return 0
+
+
+def cmd_tune(args) -> int:
+    loaded, _, _ = _load_target(args)
     _, _, choices, curve = _tuned_methods(args, loaded, args.strategies.split(","), _log)
     print(json.dumps({"cost_curve_ms": curve.ms, "choices": choices}, indent=1))
     return 0
@@ -188,10 +252,20 @@ def cmd_bench(args) -> int:
     for b in baselines:
         if b not in bench.BASELINES:
             raise ValueError(f"baselines: unknown {b!r}; valid: {', '.join(bench.BASELINES)}")
-    loaded = _load(args)
-    engine, methods, choices, curve = _tuned_methods(args, loaded, names, _log)
-    adapter = _with_adapter(args, loaded)  # after tuning: the cost curve and configs are the base's
-    engine.model = loaded.model
+    drafter_kinds = [n for n in names if n in DRAFTER_KINDS]
+    if drafter_kinds and not args.drafter_dir:
+        raise ValueError(f"bench: {', '.join(drafter_kinds)} need --drafter-dir")
+    loaded, adapter_sha, adapter = _load_target(args)
+    drafters = load_drafters(args.drafter_dir, loaded, adapter_sha, drafter_kinds)
+    engine, methods, choices, curve = _tuned_methods(
+        args, loaded, [n for n in names if n not in drafter_kinds], _log
+    )
+    engine.drafters = drafters
+    overrides = parse_overrides(args.config, scoped=True)
+    for kind, drafter in drafters.items():
+        methods[kind] = overrides.get(kind) or _drafter_config(drafter, curve)
+        choices[kind] = {"config": methods[kind], "chosen_from": "device cost curve"}
+        _log(f"  {kind}: {methods[kind]}")
     methods.update({b: None for b in baselines})
     prompts = bench.load_specbench(args.data, args.per_task, loaded.tokenizer)
     _log(f"benchmarking {len(prompts)} prompts x {len(methods)} methods ...")
@@ -199,16 +273,13 @@ def cmd_bench(args) -> int:
     report = bench.build_report(
         loaded.model_id, _device_name(loaded.device), prompts, args.max_new_tokens, totals
     )
-    if adapter:
-        from specserve.adapters.fingerprint import adapter_sha256
-
-        report["adapter"] = {
-            "path": str(Path(args.adapter).resolve()),
-            "sha256": adapter_sha256(args.adapter),
-        }
     report["cost_curve_ms"] = curve.ms
     report["strategy_configs"] = {n: c for n, c in methods.items() if c is not None}
     report["tuning"] = choices
+    if drafters:
+        report["drafters"] = {k: d.manifest.model_dump(mode="json") for k, d in drafters.items()}
+    if adapter:
+        report["adapter"] = {"path": str(Path(args.adapter).resolve()), "sha256": adapter_sha}
     print(bench.format_table(report))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
@@ -262,6 +333,12 @@ def cmd_finetune(args) -> int:
         )
     )
     return 0
+
+
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def cmd_up(args) -> int:
@@ -359,10 +436,14 @@ def cmd_loadtest(args) -> int:
     return 0
 
 
-def _file_sha256(path: Path) -> str:
-    import hashlib
+def _drafter_config(drafter, curve) -> dict:
+    """Tree size for this drafter on this device: expected τ / (verify + draft cost)."""
+    from specserve.engine.drafters.budget import measure_step_cost, tree_config
 
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    step = measure_step_cost(drafter, curve)
+    config = tree_config(drafter.kind, drafter.manifest.accept_rates, curve, step)
+    config.pop("predicted_speedup")
+    return config
 
 
 def _device_name(device) -> str:
@@ -408,8 +489,39 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", default=None)
-    gen.add_argument("--adapter", type=Path, default=None, help="LoRA adapter dir (a variant)")
+    gen.add_argument("--adapter", type=Path, default=None, help="LoRA adapter directory")
+    gen.add_argument("--drafter-dir", type=Path, default=None, help="DIR/medusa, DIR/eagle")
     gen.set_defaults(func=cmd_generate)
+
+    for name, func, helptext in (
+        ("tune", cmd_tune, "measure the cost curve, pick draft sizes"),
+        ("bench", cmd_bench, "benchmark against transformers"),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        _add_model_args(p)
+        p.add_argument("--strategies", default="ar,prompt_lookup,lookahead")
+        p.add_argument("--retune", action="store_true", help="remeasure cost curve and retune")
+        p.add_argument("--no-tune", action="store_true", help="use default strategy configs")
+        p.add_argument("--config", action="append", default=[], help="STRATEGY.KEY=VALUE")
+        p.set_defaults(func=func)
+    b = sub.choices["bench"]
+    b.add_argument("--data", type=Path, default=Path("../shared/bench/specbench_dev.jsonl"))
+    b.add_argument("--per-task", type=int, default=3)
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--baselines", default="hf_ar,hf_pld")
+    b.add_argument("--out", type=Path, default=None)
+    b.add_argument("--plot", type=Path, default=None)
+    b.add_argument("--drafter-dir", type=Path, default=None, help="DIR/medusa, DIR/eagle")
+    for p in (b, sub.choices["tune"]):
+        p.add_argument("--adapter", type=Path, default=None, help="LoRA adapter directory")
+
+    t = sub.add_parser("train-drafter", help="train Medusa heads or an EAGLE layer")
+    _add_model_args(t)
+    t.add_argument("--adapter", type=Path, default=None, help="LoRA adapter directory")
+    t.add_argument("--kind", required=True, choices=["medusa", "eagle"])
+    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--budget-minutes", type=float, default=20.0)
+    t.set_defaults(func=cmd_train_drafter)
 
     ft = sub.add_parser("finetune", help="train a LoRA adapter (a variant) on a .txt/.jsonl file")
     _add_model_args(ft)
@@ -488,28 +600,6 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--follow", action="store_true")
     tr.add_argument("--cancel", action="store_true")
     var.set_defaults(func=cmd_variants)
-
-    for name, func, helptext in (
-        ("tune", cmd_tune, "measure the cost curve, pick draft sizes"),
-        ("bench", cmd_bench, "benchmark against transformers"),
-    ):
-        p = sub.add_parser(name, help=helptext)
-        _add_model_args(p)
-        p.add_argument("--strategies", default="ar,prompt_lookup,lookahead")
-        p.add_argument("--retune", action="store_true", help="remeasure cost curve and retune")
-        p.add_argument("--no-tune", action="store_true", help="use default strategy configs")
-        p.add_argument("--config", action="append", default=[], help="STRATEGY.KEY=VALUE")
-        p.set_defaults(func=func)
-    b = sub.choices["bench"]
-    b.add_argument("--data", type=Path, default=Path("../shared/bench/specbench_dev.jsonl"))
-    b.add_argument("--per-task", type=int, default=3)
-    b.add_argument("--max-new-tokens", type=int, default=128)
-    b.add_argument("--baselines", default="hf_ar,hf_pld")
-    b.add_argument("--out", type=Path, default=None)
-    b.add_argument("--plot", type=Path, default=None)
-    b.add_argument(
-        "--adapter", type=Path, default=None, help="LoRA adapter dir; every method runs base + it"
-    )
     return parser
 
 

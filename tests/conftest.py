@@ -207,3 +207,34 @@ def make_adapter(adapter_root):
 def merge_adapter():
     """Factory: merge_adapter(base, adapter_dir) -> plain model with the adapter merged."""
     return merged_copy
+
+
+def _random_drafter(model, spec, seed: int = 0, scale: float = 0.05, vocab=None, acc=None):
+    """A drafter with randomly initialized weights for `model` (acceptance low, never trained)."""
+    from specserve.engine.drafters.artifact import Drafter, Manifest, build_module
+
+    torch.manual_seed(seed)
+    module = build_module(model, spec)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, scale)
+    module.eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    vocab_ids = vocab if vocab is not None else torch.arange(model.config.vocab_size)
+    manifest = Manifest(
+        kind=spec.kind,
+        base_model_id="tiny",
+        base_weights_sha256="0" * 64,
+        adapter_sha256=None,
+        spec=spec.model_dump(),
+        draft_vocab_size=len(vocab_ids),
+        accept_rates=acc or [[0.5, 0.3, 0.2, 0.1]] * 4,
+    )
+    return Drafter(manifest, spec, module, vocab_ids, model)
+
+
+@pytest.fixture(scope="session")
+def random_drafter():
+    """Factory: random_drafter(model, spec, seed=0, scale=0.05, vocab=None, acc=None) -> Drafter."""
+    return _random_drafter

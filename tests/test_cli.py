@@ -26,7 +26,7 @@ def test_parse_overrides():
 @pytest.mark.parametrize(
     "args, field",
     [
-        (["--strategy", "foo"], "valid strategies: ar, lookahead, prompt_lookup"),
+        (["--strategy", "foo"], "valid strategies: ar, eagle, lookahead, medusa, prompt_lookup"),
         (["--config", "windw=3"], "windw"),
         (["--temperature", "-1"], "temperature"),
         (["--top-p", "1.5"], "top_p"),
@@ -214,3 +214,139 @@ def test_bench_with_adapter_runs_every_method_on_the_variant(tmp_path, model_dir
     )
     assert all(r["identical_to_ar"] for r in report["results"].values())
     assert set(report["results"]) == {"ar", "prompt_lookup", "lookahead", "hf_ar", "hf_pld"}
+
+
+def test_train_drafter_then_bench_with_drafters(tmp_path, model_dir, capsys):
+    """Both kinds train on the tiny model within a few seconds, are saved with a manifest, and
+    bench decodes with them (identical to ar) and reports their manifests."""
+    cache = tmp_path / "cache"
+    for kind in ("medusa", "eagle"):
+        code = main(
+            [
+                "train-drafter",
+                "--model",
+                str(model_dir),
+                "--cache-dir",
+                str(cache),
+                "--kind",
+                kind,
+                "--out",
+                str(tmp_path / "drafters" / kind),
+                "--budget-minutes",
+                "0.05",
+            ]
+        )
+        assert code == 0
+        manifest = json.loads((tmp_path / "drafters" / kind / "manifest.json").read_text())
+        assert manifest["kind"] == kind and manifest["adapter_sha256"] is None
+        assert manifest["heldout_tau"] >= 1.0
+        assert manifest["training"]["examples"] > 0
+    assert len(list((cache / "distill").glob("distill-*.pt"))) == 1  # shared by both kinds
+    data = tmp_path / "bench.jsonl"
+    rows = [{"question_id": i, "task": "alpha", "turns": [f"w{i} w{i + 1} w{i}"]} for i in (3, 4)]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "report.json"
+    argv = [
+        "bench",
+        "--model",
+        str(model_dir),
+        "--cache-dir",
+        str(cache),
+        "--data",
+        str(data),
+        "--per-task",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--no-tune",
+        "--baselines",
+        "hf_ar",
+        "--strategies",
+        "ar,medusa,eagle",
+        "--drafter-dir",
+        str(tmp_path / "drafters"),
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert set(report["results"]) == {"ar", "medusa", "eagle", "hf_ar"}
+    for name in ("medusa", "eagle"):
+        assert report["results"][name]["identical_to_ar"] is True
+        assert report["drafters"][name]["kind"] == name
+    assert "total_tokens" in report["strategy_configs"]["eagle"]
+    assert "tree_size" in report["strategy_configs"]["medusa"]
+    gen = [
+        "generate",
+        "--model",
+        str(model_dir),
+        "--cache-dir",
+        str(cache),
+        "--raw",
+        "--prompt",
+        "w1 w2 w3 w1 w2",
+        "--max-new-tokens",
+        "8",
+    ]
+    capsys.readouterr()
+    assert main(gen + ["--strategy", "ar"]) == 0
+    ar = capsys.readouterr().out
+    assert main(gen + ["--strategy", "eagle", "--drafter-dir", str(tmp_path / "drafters")]) == 0
+    assert capsys.readouterr().out == ar
+
+
+def test_bench_refuses_a_drafter_for_another_model(tmp_path, model_dir, capsys):
+    other = tmp_path / "other"
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    LlamaForCausalLM.from_pretrained(str(model_dir)).save_pretrained(str(other))
+    import shutil
+
+    for f in model_dir.iterdir():
+        if "token" in f.name:
+            shutil.copy(f, other / f.name)
+    cfg = LlamaConfig.from_pretrained(str(other))
+    import torch
+
+    torch.manual_seed(9)
+    LlamaForCausalLM(cfg).save_pretrained(str(other))  # same architecture, other weights
+    cache = tmp_path / "cache"
+    assert (
+        main(
+            [
+                "train-drafter",
+                "--model",
+                str(other),
+                "--cache-dir",
+                str(cache),
+                "--kind",
+                "medusa",
+                "--out",
+                str(tmp_path / "d" / "medusa"),
+                "--budget-minutes",
+                "0.05",
+            ]
+        )
+        == 0
+    )
+    code = main(
+        [
+            "bench",
+            "--model",
+            str(model_dir),
+            "--cache-dir",
+            str(cache),
+            "--no-tune",
+            "--strategies",
+            "ar,medusa",
+            "--drafter-dir",
+            str(tmp_path / "d"),
+        ]
+    )
+    assert code == 2
+    assert "base model weights differ" in capsys.readouterr().err
+
+
+def test_bench_drafter_strategy_needs_drafter_dir(tmp_path, capsys):
+    assert main(["bench", "--strategies", "ar,eagle", "--cache-dir", str(tmp_path)]) == 2
+    assert "need --drafter-dir" in capsys.readouterr().err

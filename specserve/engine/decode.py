@@ -93,17 +93,22 @@ class Engine:
         tokenizer,
         eos_ids: frozenset[int],
         pad_width: Callable[[int], int] | None = None,
+        drafters: dict[str, object] | None = None,
     ) -> None:
         """`pad_width(k)`: the verify width to run k decode tokens at (the device's cheapest
-        width >= k, from its cost curve); None runs exactly k."""
+        width >= k, from its cost curve); None runs exactly k. `drafters`: strategy name ->
+        trained drafter checked against this model (see `engine.drafters.artifact`)."""
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(eos_ids)
         self.pad_width = pad_width
+        self.drafters = dict(drafters or {})
 
     @classmethod
-    def from_loaded(cls, loaded, pad_width: Callable[[int], int] | None = None) -> Engine:
-        return cls(loaded.model, loaded.tokenizer, loaded.eos_token_ids, pad_width)
+    def from_loaded(
+        cls, loaded, pad_width: Callable[[int], int] | None = None, drafters=None
+    ) -> Engine:
+        return cls(loaded.model, loaded.tokenizer, loaded.eos_token_ids, pad_width, drafters)
 
     def start(
         self,
@@ -128,7 +133,13 @@ class Engine:
             )
         cfg = REGISTRY.config(strategy, config)
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**31)
-        ctx = ProposerContext(list(prompt_ids), self.model.config.vocab_size, seed, pool)
+        ctx = ProposerContext(
+            list(prompt_ids),
+            self.model.config.vocab_size,
+            seed,
+            pool,
+            drafter=self.drafters.get(strategy),
+        )
         generator = torch.Generator().manual_seed(seed)
         return RequestState(
             params=params,
@@ -150,8 +161,9 @@ class Engine:
         past = hf_internals.cache_length(state.cache)
         width = len(state.pending) + len(draft.tree) + (len(draft.aux) if draft.aux else 0)
         pad_to = self.pad_width(width) if self.pad_width and len(state.pending) == 1 else 0
+        layers = tuple(getattr(state.proposer, "feature_layers", ()))
         out = verify_forward(
-            self.model, state.cache, past, state.pending, draft, pad_to, state.adapter
+            self.model, state.cache, past, state.pending, draft, pad_to, layers, state.adapter
         )
         state.forwards += 1
         if len(state.pending) == 1:
@@ -165,8 +177,13 @@ class Engine:
         _count(state.drafted_by_depth, max(draft.tree.depths, default=0))
         _count(state.accepted_by_depth, len(accepted))
         hf_internals.keep_rows(state.cache, past + len(state.pending), accepted)
+        pending = len(state.pending)
         new_ids = self._commit(state, [draft.tree.tokens[i] for i in accepted] + [bonus])
         state.proposer.observe(draft, out.aux_tokens, state.tokens)
+        if layers and not state.done:
+            # rows whose next token is now committed: every pending row, then the accepted nodes
+            rows = list(range(pending)) + [pending + i for i in accepted[: len(new_ids) - 1]]
+            state.proposer.observe_features(out.features[rows], state.tokens)
         return StepResult(new_ids, self._stream_text(state, new_ids))
 
     def _commit(self, state: RequestState, new_ids: list[int]) -> list[int]:

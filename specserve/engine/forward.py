@@ -19,6 +19,9 @@ from specserve.engine.tree import Draft
 class ForwardOutput:
     tree_logits: torch.Tensor  # [n + 1, vocab]: root (last pending token), then each draft node
     aux_tokens: list[int]  # target argmax at the aux branch's logit rows
+    # [p + n, layers, hidden]: the requested hidden features of the pending rows, then of each
+    # draft node (row p - 1 is the root); None when no layers were requested
+    features: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -81,10 +84,15 @@ def verify_forward(
     pending: list[int],
     draft: Draft,
     pad_to: int = 0,
+    feature_layers: tuple[int, ...] = (),
     adapter: str | None = None,
 ) -> ForwardOutput:
     """Run the target (with LoRA `adapter`, None = base) once; the cache grows by
-    max(len(pending) + len(tree) + len(aux), pad_to)."""
+    max(len(pending) + len(tree) + len(aux), pad_to).
+
+    `feature_layers` (see `hf_internals.hidden_features`) asks for the hidden features of the
+    pending and tree rows, which feature-level drafters (Medusa, EAGLE) draft from.
+    """
     inputs = build_inputs(past, pending, draft, pad_to)
     device = model.device
     mask = None  # a single query row sees everything: the model's own (causal) path is exact
@@ -100,8 +108,13 @@ def verify_forward(
         use_cache=True,
         logits_to_keep=inputs.logit_rows.to(device),
         **adapter_kwargs(model, [adapter]),
+        **({"output_hidden_states": True} if feature_layers else {}),
     )
     logits = out.logits[0]  # [r, vocab]
     n = len(draft.tree)
     aux_tokens = logits[n + 1 :].argmax(dim=-1).tolist() if draft.aux else []
-    return ForwardOutput(tree_logits=logits[: n + 1], aux_tokens=aux_tokens)
+    features = None
+    if feature_layers:
+        rows = len(pending) + n
+        features = hf_internals.hidden_features(out, feature_layers)[0, :rows]  # [p + n, L, H]
+    return ForwardOutput(tree_logits=logits[: n + 1], aux_tokens=aux_tokens, features=features)

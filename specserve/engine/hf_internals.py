@@ -76,3 +76,69 @@ def strip_quantizer(model) -> None:
             delattr(cfg, "quantization_config")
     if getattr(cfg, "_is_quantized", False):
         cfg._is_quantized = False
+
+
+# --- hidden features and the base model's parts a drafter reuses (pinned by the same test) ---
+
+
+def num_layers(model) -> int:
+    """Decoder layers of the target."""
+    return int(model.config.num_hidden_layers)
+
+
+def hidden_features(out, layers: tuple[int, ...]) -> torch.Tensor:
+    """[batch, q, len(layers), hidden] from a forward run with `output_hidden_states=True`.
+
+    Layer index i in 0..L-2 is the output of decoder layer i (the pre-norm residual stream);
+    -1 is the final normed hidden state, the LM head's input. transformers gives L + 1 states
+    (embeddings first) and replaces the last layer's output by the normed one, so i maps to
+    state i + 1 and the last layer's pre-norm output is not available.
+    """
+    states = out.hidden_states
+    last = len(states) - 2  # index of the last decoder layer whose own output is kept
+    for i in layers:
+        if i != -1 and not 0 <= i < last:
+            raise ValueError(f"feature layer {i}: valid are -1 and 0..{last - 1}")
+    picked = [states[-1] if i == -1 else states[i + 1] for i in layers]
+    return torch.stack(picked, dim=2)
+
+
+def decoder_layer(model, config=None, layer_idx: int = 0) -> torch.nn.Module:
+    """A fresh decoder layer of the target's own class (randomly initialized, eval mode)."""
+    layer_type = type(model.model.layers[0])
+    return layer_type(config or model.config, layer_idx=layer_idx)
+
+
+def final_norm(model) -> torch.nn.Module:
+    """The norm the target applies before its LM head."""
+    return model.model.norm
+
+
+def rotary(model, hidden: torch.Tensor, position_ids: torch.Tensor):
+    """(cos, sin) position embeddings of the target for `position_ids` [batch, q]."""
+    return model.model.rotary_emb(hidden, position_ids=position_ids)
+
+
+def layer_forward(layer, hidden, mask, position_ids, cache, position_embeddings) -> torch.Tensor:
+    """One decoder layer over hidden [batch, q, H] with a 4D additive mask and an optional cache
+    (its entries go to cache layer 0). Returns the layer's output hidden [batch, q, H]."""
+    out = layer(
+        hidden,
+        attention_mask=mask,
+        position_ids=position_ids,
+        **({_layer_cache_keyword(type(layer)): cache} if cache is not None else {}),
+        use_cache=cache is not None,
+        position_embeddings=position_embeddings,
+    )
+    return out[0] if isinstance(out, tuple) else out
+
+
+@functools.cache
+def _layer_cache_keyword(layer_type: type) -> str:
+    params = inspect.signature(layer_type.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def empty_cache() -> DynamicCache:
+    """A cache with no preset layers (grows as layers write to it); for a drafter's own layer."""
+    return DynamicCache()

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.variants import PoolBook, VariantKey
 from specserve.engine.decode import Engine, RequestState
+from specserve.engine.lora import BASE_ADAPTER, is_peft_model
 from specserve.engine.prompts import encode_messages, encode_prompt
 from specserve.engine.proposers import REGISTRY
 from specserve.engine.sampling import SamplingParams
@@ -119,9 +120,10 @@ class ModelService:
         return decision, config
 
     def ensure_variant(self, target: Target) -> str | None:
-        """Make the target's adapter resident; its resident name, or None for the base."""
+        """Make the target's adapter resident; its resident name (`BASE_ADAPTER` for the base once
+        the model is peft-wrapped, so base rows never pick up an adapter)."""
         if target.key is None:
-            return None
+            return BASE_ADAPTER if is_peft_model(self.adapters.model) else None
         if not target.adapter_path:
             raise ValueError(f"variant {target.key}: no adapter path")
         name = str(target.key)
@@ -137,7 +139,7 @@ class ModelService:
         decision, config = self.choose(request)
         ids = self.encode(request)
         pool = self.pools.pool(request.target.key)
-        hold = self.adapters.hold(adapter) if adapter else _nothing()
+        hold = self.adapters.hold(adapter) if adapter not in (None, BASE_ADAPTER) else _nothing()
         with hold:
             state = self.engine.start(ids, request.params, decision.strategy, config, pool, adapter)
             self.ongoing += 1

@@ -1,1 +1,1 @@
-"""Drafter training (Medusa, EAGLE) by self-distillation; may import the engine only."""
+"""Drafter training by self-distillation: prompts, target answers and features, trainers."""

@@ -47,7 +47,7 @@ def _generate(model, tokenizer, strategy, config, adapter=None, max_new=30):
 
 
 def _logits(model, ids, adapters):
-    kwargs = {"adapter_names": [a or BASE_ADAPTER for a in adapters]} if adapters else {}
+    kwargs = {"adapter_names": [a or BASE_ADAPTER for a in adapters]}
     with torch.no_grad():
         return model(input_ids=ids, **kwargs).logits
 
@@ -67,7 +67,10 @@ def test_every_strategy_with_adapter_equals_merged_weights(
         assert want != reference_base  # the adapter really changes the output
         assert _generate(resident.model, tokenizer, strategy, config, adapter=key) == want
     # base rows on the wrapped model are the untouched base
-    assert _generate(resident.model, tokenizer, strategy, config, adapter=None) == reference_base
+    assert (
+        _generate(resident.model, tokenizer, strategy, config, adapter=BASE_ADAPTER)
+        == reference_base
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -195,3 +198,20 @@ def test_engine_refuses_unknown_adapter(resident, base, make_adapter, tokenizer)
 def test_bad_adapter_names_refused(resident, base, make_adapter, name):
     with pytest.raises(ValueError, match="adapter name"):
         resident.ensure(name, make_adapter("n", base))
+
+
+def test_none_means_the_models_default_and_base_adapter_means_base(
+    resident, base, make_adapter, tokenizer
+):
+    from specserve.engine.lora import adapter_kwargs
+
+    resident.ensure("only@1", make_adapter("only", base, seed=9))
+    ids = torch.arange(12)[None]
+    active = _logits(resident.model, ids, ["only@1"])
+    with torch.no_grad():
+        default = resident.model(input_ids=ids, **adapter_kwargs(resident.model, [None])).logits
+    torch.testing.assert_close(default, active, rtol=0, atol=0)  # peft's active adapter
+    assert adapter_kwargs(resident.model, ["only@1", None]) == {
+        "adapter_names": ["only@1", BASE_ADAPTER]
+    }
+    assert adapter_kwargs(copy.deepcopy(base), [BASE_ADAPTER]) == {}

@@ -399,10 +399,10 @@ def test_unseeded_requests_still_work(gate):
 
 def test_unknown_strategy_lists_valid_names(gate):
     with pytest.raises(ValueError) as info:
-        gate.engine("mid").generate([1, 2, 3], SamplingParams(max_new_tokens=2), "medusa")
+        gate.engine("mid").generate([1, 2, 3], SamplingParams(max_new_tokens=2), "hydra")
     msg = str(info.value)
-    assert "medusa" in msg
-    for name in ("ar", "lookahead", "prompt_lookup"):
+    assert "hydra" in msg
+    for name in ("ar", "eagle", "lookahead", "medusa", "prompt_lookup"):
         assert name in msg
     assert REGISTRY.names() == sorted(REGISTRY.names())
     assert {"ar", "lookahead", "prompt_lookup"} <= set(REGISTRY.names())

@@ -168,3 +168,27 @@ def test_aux_tokens_are_argmax_at_the_top_level(model):
         int(_plain_last_logits(model, prompt + _aux_context(aux, r)).argmax()) for r in (3, 4, 5)
     ]
     assert out.aux_tokens == want
+
+
+@torch.inference_mode()
+def test_features_of_pending_and_tree_rows_equal_plain_forwards(model):
+    """Each tree node's feature is the one a plain causal forward over its path gives."""
+    prefix = [4, 8, 15, 16, 23]
+    tree = DraftTree.from_chains([[42, 7, 9], [42, 11], [3]])
+    cache = hf_internals.new_cache(model.config)
+    verify_forward(model, cache, 0, prefix[:3], Draft())
+    out = verify_forward(
+        model, cache, 3, prefix[3:], Draft(tree), pad_to=12, feature_layers=(0, -1)
+    )
+    assert out.features.shape == (2 + len(tree), 2, model.config.hidden_size)
+
+    def plain(tokens):
+        res = model(input_ids=torch.tensor([tokens]), output_hidden_states=True)
+        return hf_internals.hidden_features(res, (0, -1))[0, -1]  # [2, H]
+
+    assert torch.allclose(out.features[0], plain(prefix[:4]), atol=1e-5)
+    assert torch.allclose(out.features[1], plain(prefix), atol=1e-5)
+    for node, path in enumerate(_node_paths(tree)):
+        tokens = prefix + path
+        assert torch.allclose(out.features[2 + node], plain(tokens), atol=1e-5)
+    assert verify_forward(model, cache, 5, [1], Draft()).features is None

@@ -154,3 +154,67 @@ def test_strip_quantizer_makes_a_gguf_marked_model_savable(tmp_path, tiny_llama)
     assert getattr(model, "hf_quantizer", None) is None
     model.save_pretrained(tmp_path)
     assert "quantization_config" not in (tmp_path / "config.json").read_text()
+
+
+# --- hidden features and reused base-model parts (drafters) ---------------------------------
+
+
+@torch.inference_mode()
+def test_hidden_features_map_to_layer_outputs_and_the_normed_final(tiny_llama):
+    model = tiny_llama(0, layers=3)
+    ids = torch.tensor([[5, 9, 2, 7]])
+    captured = []
+    hooks = [
+        layer.register_forward_hook(
+            lambda m, i, o: captured.append(o[0] if isinstance(o, tuple) else o)
+        )
+        for layer in model.model.layers
+    ]
+    try:
+        out = model(input_ids=ids, output_hidden_states=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    feats = hf_internals.hidden_features(out, (0, 1, -1))  # [1, 4, 3, H]
+    assert feats.shape == (1, 4, 3, model.config.hidden_size)
+    assert torch.allclose(feats[:, :, 0], captured[0], atol=ATOL)
+    assert torch.allclose(feats[:, :, 1], captured[1], atol=ATOL)
+    final = hf_internals.final_norm(model)(captured[2])
+    assert torch.allclose(feats[:, :, 2], final, atol=ATOL)
+    assert torch.allclose(model.lm_head(feats[:, :, 2]), out.logits, atol=ATOL)
+    with pytest.raises(ValueError, match="valid are -1 and 0..1"):
+        hf_internals.hidden_features(out, (2,))
+
+
+@torch.inference_mode()
+def test_fresh_decoder_layer_with_cache_equals_one_pass(tiny_llama):
+    """The drafter's layer: the target's own class, rotary from the target, a 4D mask; two
+    incremental calls over a cache equal one causal call."""
+    model = tiny_llama(0)
+    layer = hf_internals.decoder_layer(model)
+    assert type(layer) is type(model.model.layers[0])
+    x = torch.randn(1, 6, model.config.hidden_size)
+    pos = torch.arange(6)[None]
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    mask = torch.zeros(6, 6).masked_fill_(~causal, torch.finfo(torch.float32).min)[None, None]
+    one = hf_internals.layer_forward(layer, x, mask, pos, None, hf_internals.rotary(model, x, pos))
+    cache = hf_internals.empty_cache()
+    a = hf_internals.layer_forward(
+        layer,
+        x[:, :4],
+        mask[..., :4, :4],
+        pos[:, :4],
+        cache,
+        hf_internals.rotary(model, x[:, :4], pos[:, :4]),
+    )
+    assert hf_internals.cache_length(cache) == 4
+    b = hf_internals.layer_forward(
+        layer,
+        x[:, 4:],
+        mask[..., 4:, :],
+        pos[:, 4:],
+        cache,
+        hf_internals.rotary(model, x[:, 4:], pos[:, 4:]),
+    )
+    assert hf_internals.cache_length(cache) == 6
+    assert torch.allclose(torch.cat([a, b], dim=1), one, atol=ATOL)

@@ -12,6 +12,7 @@ from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec, validate_adapter
 from specserve.engine.decode import Engine
+from specserve.engine.lora import BASE_ADAPTER
 from specserve.engine.sampling import SamplingParams
 from specserve.training.finetune import (
     IGNORE,
@@ -97,7 +98,7 @@ def test_finetune_writes_a_valid_adapter_that_learns(tiny_llama, tmp_path):
     engine = Engine(resident.model, SpaceTokenizer(), frozenset())
     params = SamplingParams(max_new_tokens=12)
     variant = engine.generate(pattern[:8], params, "lookahead", adapter="pattern@1").output_ids
-    plain = engine.generate(pattern[:8], params, "ar").output_ids
+    plain = engine.generate(pattern[:8], params, "ar", adapter=BASE_ADAPTER).output_ids
     assert variant == (pattern * 3)[8:20]
     assert plain != variant
 

@@ -25,14 +25,30 @@ class ProposerContext:
     seed: int = 0
     pool: NGramPool | None = None  # shared n-gram pool (per variant@version), if any
     extras: dict = field(default_factory=dict)
+    drafter: object | None = None  # trained drafter for this strategy (Medusa / EAGLE), if any
 
 
 class Proposer(Protocol):
+    """`feature_layers` (optional attribute, default none): the target hidden layers the
+    proposer drafts from (see `hf_internals.hidden_features`). A proposer that names any also
+    gets `observe_features` after every commit."""
+
     def propose(self, tokens: list[int]) -> Draft:
         """Draft continuations of `tokens` (prompt + committed output; its last is the root)."""
 
     def observe(self, draft: Draft, aux_tokens: list[int], tokens: list[int]) -> None:
         """Learn from the step: the aux branch's argmax and the tokens now committed."""
+
+
+class FeatureProposer(Proposer, Protocol):
+    feature_layers: tuple[int, ...]
+
+    def observe_features(self, features, tokens: list[int]) -> None:
+        """features [m, layers, hidden]: the target's features at the last m committed
+        positions before the new pending token, i.e. positions len(tokens) - 1 - m ..
+        len(tokens) - 2; feature i was computed where tokens[len(tokens) - 1 - m + i] was the
+        input and tokens[len(tokens) - m + i] is what came next. The prompt's features arrive
+        after the first (prefill) step."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Trained drafters (Medusa heads, EAGLE draft layer): modules, tree construction, artifacts."""

@@ -1,0 +1,172 @@
+"""Drafter artifacts: `drafter.safetensors` + `manifest.json` in one directory.
+
+`save_drafter` writes both; `load_drafter` checks the manifest against the served model (base
+model id and weights hash, adapter fingerprint) and refuses a mismatch with `DrafterMismatchError`
+naming what differs, so a drafter never silently drafts garbage for another model.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import load_file, save_file
+
+from specserve.engine.drafters.modules import EagleDraft, EagleSpec, MedusaHeads, MedusaSpec
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+WEIGHTS = "drafter.safetensors"
+
+
+class DrafterMismatchError(ValueError):
+    """The drafter was trained for another model or adapter than the one served."""
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format_version: int = FORMAT_VERSION
+    kind: Literal["medusa", "eagle"]
+    base_model_id: str
+    base_weights_sha256: str
+    adapter_sha256: str | None
+    spec: dict  # MedusaSpec / EagleSpec fields
+    draft_vocab_size: int
+    accept_rates: list[list[float]] = Field(
+        description="held-out acc[d][r]: rank-r candidate at depth d + 1 is the target's token"
+    )
+    heldout_tau: float | None = None  # measured by decoding held-out prompts with the drafter
+    training: dict = Field(default_factory=dict)  # data description, sizes, time, steps
+    created_at: str = Field(
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat()
+    )
+
+
+@dataclass
+class Drafter:
+    """A drafter bound to the target it was checked against."""
+
+    manifest: Manifest
+    spec: MedusaSpec | EagleSpec
+    module: MedusaHeads | EagleDraft
+    draft_vocab: torch.Tensor  # [v] token ids the draft LM head scores
+    target: object  # the served model (frozen embedding, LM head and rotary come from it)
+
+    @property
+    def kind(self) -> str:
+        return self.manifest.kind
+
+
+def _base_param_name(name: str) -> str | None:
+    """Parameter name in the plain base model, or None for adapter (LoRA) weights."""
+    if "lora_" in name or "modules_to_save" in name:
+        return None
+    for prefix in ("base_model.model.",):
+        name = name.removeprefix(prefix)
+    return name.replace(".base_layer.", ".")
+
+
+@torch.no_grad()
+def base_weights_sha256(model) -> str:
+    """sha256 over (name, shape, bf16-rounded bytes) of every base parameter, adapter weights
+    excluded: the same for the model in fp32 or bf16, and for it wrapped by peft."""
+    digest = hashlib.sha256()
+    named = {}
+    for name, param in model.named_parameters():
+        base = _base_param_name(name)
+        if base is not None:
+            named[base] = param
+    for name in sorted(named):
+        t = named[name].detach().to("cpu", torch.bfloat16).contiguous()
+        digest.update(f"{name}\0{tuple(t.shape)}\0".encode())
+        digest.update(t.view(torch.int16).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def build_module(model, spec: MedusaSpec | EagleSpec):
+    if isinstance(spec, MedusaSpec):
+        return MedusaHeads(model.config.hidden_size, spec).to(model.dtype)
+    return EagleDraft(model, spec).to(model.dtype)
+
+
+def parse_spec(spec: dict) -> MedusaSpec | EagleSpec:
+    kind = spec.get("kind")
+    if kind == "medusa":
+        return MedusaSpec.model_validate(spec)
+    if kind == "eagle":
+        return EagleSpec.model_validate(spec)
+    raise ValueError(f"drafter spec: unknown kind {kind!r}; valid kinds: eagle, medusa")
+
+
+def save_drafter(out_dir: Path, manifest: Manifest, module, draft_vocab: torch.Tensor) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
+    tensors["draft_vocab"] = draft_vocab.to("cpu", torch.long).contiguous()
+    save_file(tensors, str(out_dir / WEIGHTS))
+    (out_dir / MANIFEST).write_text(manifest.model_dump_json(indent=1))
+    return out_dir
+
+
+def read_manifest(path: Path) -> Manifest:
+    path = Path(path)
+    file = path / MANIFEST if path.is_dir() else path
+    if not file.exists():
+        raise FileNotFoundError(f"drafter: no {MANIFEST} in {path}")
+    return Manifest.model_validate(json.loads(file.read_text()))
+
+
+def check_manifest(
+    manifest: Manifest, model_id: str, weights_sha256: str, adapter_sha256: str | None
+) -> None:
+    """Raise DrafterMismatchError naming every field that does not match the served model."""
+    problems = []
+    if manifest.base_weights_sha256 != weights_sha256:
+        problems.append(
+            f"base model weights differ (drafter trained on {manifest.base_model_id!r} with "
+            f"weights sha256 {manifest.base_weights_sha256[:12]}..., served {model_id!r} has "
+            f"{weights_sha256[:12]}...)"
+        )
+    if manifest.adapter_sha256 != adapter_sha256:
+        problems.append(
+            f"adapter differs (drafter trained with adapter "
+            f"{manifest.adapter_sha256 or 'none (base model)'}, served with "
+            f"{adapter_sha256 or 'none (base model)'})"
+        )
+    if problems:
+        raise DrafterMismatchError(
+            f"drafter ({manifest.kind}) does not match the served model: " + "; ".join(problems)
+        )
+
+
+def load_drafter(
+    path: Path,
+    model,
+    model_id: str,
+    adapter_sha256: str | None = None,
+    weights_sha256: str | None = None,
+) -> Drafter:
+    """Load a drafter for `model` (plain or peft-wrapped base + adapter) after checking its
+    manifest; `weights_sha256` may be passed when already computed for this model."""
+    manifest = read_manifest(path)
+    if manifest.format_version != FORMAT_VERSION:
+        raise ValueError(
+            f"drafter {path}: format_version {manifest.format_version}, expected {FORMAT_VERSION}"
+        )
+    check_manifest(manifest, model_id, weights_sha256 or base_weights_sha256(model), adapter_sha256)
+    spec = parse_spec(manifest.spec)
+    module = build_module(model, spec)
+    tensors = load_file(str(Path(path) / WEIGHTS))
+    vocab = tensors.pop("draft_vocab")
+    module.load_state_dict(tensors)
+    module.to(model.device).eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    return Drafter(manifest, spec, module, vocab.to(model.device), model)

@@ -1,0 +1,125 @@
+"""The trainable drafter modules and their configs: Medusa-1 heads and the EAGLE draft layer.
+
+Both read the target's hidden features and reuse its frozen LM head (restricted to a draft
+vocabulary: frequent tokens plus the request's prompt tokens); EAGLE also reuses the frozen
+token embedding and instantiates one decoder layer of the target's own class.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from specserve.engine import hf_internals
+
+
+class MedusaSpec(BaseModel):
+    """What a Medusa artifact holds (besides weights)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["medusa"] = "medusa"
+    heads: int = Field(4, ge=1, description="head k drafts the token k + 2 positions ahead")
+    topk: int = Field(8, ge=1, description="candidates per head the static tree may use")
+    own_head: int = Field(
+        0,
+        ge=0,
+        description="0: every head shares the frozen LM head; n > 0: each head has its own "
+        "trainable LM head over the n-token draft vocabulary (initialized from the frozen one)",
+    )
+
+
+class EagleSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["eagle"] = "eagle"
+    feature_layers: tuple[int, ...] = Field(
+        (-1,),
+        description="target layers fused as the draft's input feature: (-1,) is EAGLE-1/2's "
+        "final feature; (low, mid, -1) is EAGLE-3's fusion (see hf_internals.hidden_features)",
+    )
+
+
+class ResBlock(nn.Module):
+    """Medusa-1 residual block h + SiLU(W h + b), W starting at zero (the head starts as the
+    base LM head)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + nn.functional.silu(self.linear(h))
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, hidden: int, spec: MedusaSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.blocks = nn.ModuleList(ResBlock(hidden) for _ in range(spec.heads))
+        self.head = (
+            nn.Parameter(torch.zeros(spec.heads, spec.own_head, hidden)) if spec.own_head else None
+        )
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """h [..., H] (the target's final feature) -> [..., heads, H], each fed to the LM head."""
+        return torch.stack([block(h) for block in self.blocks], dim=-2)
+
+    def logits(self, h: torch.Tensor, shared_rows: torch.Tensor) -> torch.Tensor:
+        """h [..., H] -> [..., heads, v]: over `shared_rows` [v, H] (the frozen LM head's rows
+        of the request's draft vocabulary), or over each head's own rows (v = own_head)."""
+        out = self(h)  # [..., K, H]
+        if self.head is None:
+            return out @ shared_rows.T
+        return torch.einsum("...kh,kvh->...kv", out, self.head)
+
+
+class EagleDraft(nn.Module):
+    """u = fc([embed(token), feature]); h~ = DecoderLayer(u); logits = lm_head(h~).
+
+    feature is the target's (fused) feature at committed positions and the draft's own h~ at
+    drafted ones; h~ at position t predicts the target's final feature at t + 1.
+    """
+
+    def __init__(self, target, spec: EagleSpec) -> None:
+        super().__init__()
+        cfg = copy.deepcopy(target.config)
+        cfg.num_hidden_layers = 1
+        hidden = cfg.hidden_size
+        self.spec = spec
+        n = len(spec.feature_layers)
+        self.fuse = nn.Linear(n * hidden, hidden, bias=False) if n > 1 else None
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        self.layer = hf_internals.decoder_layer(target, cfg, layer_idx=0)
+        self.layer.to(target.dtype)
+
+    def input_feature(self, features: torch.Tensor) -> torch.Tensor:
+        """features [..., layers, H] (target) -> [..., H] in the draft's feature space."""
+        if self.fuse is None:
+            return features[..., 0, :]
+        return self.fuse(features.flatten(-2))
+
+    def forward(
+        self,
+        embeds: torch.Tensor,  # [b, q, H] embeddings of the tokens following each feature
+        feats: torch.Tensor,  # [b, q, H] draft-space features
+        mask: torch.Tensor,  # [b, 1, q, past + q] additive
+        position_ids: torch.Tensor,  # [b, q]
+        target,
+        cache=None,
+    ) -> torch.Tensor:
+        u = self.fc(torch.cat([embeds, feats], dim=-1))  # [b, q, H]
+        rope = hf_internals.rotary(target, u, position_ids)
+        return hf_internals.layer_forward(self.layer, u, mask, position_ids, cache, rope)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool [..., q, k] -> additive float mask [..., q, k] (0 where allowed, dtype min where not)."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)

@@ -1,0 +1,115 @@
+"""Turn distilled sequences and their teacher features into training tensors per drafter kind.
+
+Medusa: rows (feature at t, tokens t+2..t+K+1). EAGLE: padded sequences of (feature t, token
+t+1) pairs with the next final feature and the token after it as targets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+IGNORE = -100
+
+
+def vocab_index(draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[vocab] position of each token in the draft vocabulary, IGNORE outside it.
+
+    Example: draft_vocab [2, 5], vocab_size 6 -> [-100, -100, 0, -100, -100, 1].
+    """
+    index = torch.full((vocab_size,), IGNORE, dtype=torch.long)
+    index[draft_vocab] = torch.arange(len(draft_vocab))
+    return index
+
+
+@dataclass
+class MedusaRows:
+    features: torch.Tensor  # [N, H] final feature at t
+    targets: torch.Tensor  # [N, K] draft-vocab index of token t + k + 2 (IGNORE: none)
+
+
+def medusa_rows(
+    sequences: list[list[int]],
+    prompt_lens: list[int],
+    features: list[torch.Tensor],  # each [T, 1, H]
+    heads: int,
+    index: torch.Tensor,
+) -> MedusaRows:
+    """One row per answer position t (P - 1 <= t <= T - 3): features[t] and the K tokens after
+    the next one. Example: T 5, P 2, K 2 -> rows t = 1, 2 with targets ids[3:5], [ids[4], IGNORE]."""
+    xs, ys = [], []
+    for ids, p, f in zip(sequences, prompt_lens, features):
+        t = len(ids)
+        ids_t = torch.tensor(ids + [0] * (heads + 2), dtype=torch.long)
+        for pos in range(max(p - 1, 0), t - 2):
+            xs.append(f[pos, 0])
+            tgt = index[ids_t[pos + 2 : pos + 2 + heads]].clone()
+            beyond = torch.arange(heads) + pos + 2 >= t
+            tgt[beyond] = IGNORE
+            ys.append(tgt)
+    if not xs:
+        raise ValueError("medusa: no training rows (answers too short)")
+    return MedusaRows(torch.stack(xs), torch.stack(ys))
+
+
+@dataclass
+class EagleBatch:
+    feats: torch.Tensor  # [b, n, layers, H] target features at t
+    next_tokens: torch.Tensor  # [b, n] token t + 1
+    next_final: torch.Tensor  # [b, n, H] target final feature at t + 1 (regression target)
+    targets: torch.Tensor  # [b, n] draft-vocab index of token t + 2, IGNORE where not trained
+    valid: torch.Tensor  # [b, n] bool: real (non-padding) pair
+
+    def to(self, device) -> EagleBatch:
+        return EagleBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
+
+def eagle_batch(
+    sequences: list[list[int]],
+    prompt_lens: list[int],
+    features: list[torch.Tensor],  # each [T, layers + 1, H]; the last layer slot is the final
+    index: torch.Tensor,
+) -> EagleBatch:
+    """Pairs t = 0..T-2 of each sequence, right-padded; token targets only in the answer
+    (t + 2 >= P) and inside the sequence (t + 2 < T)."""
+    n = max(len(s) for s in sequences) - 1
+    b = len(sequences)
+    layers = features[0].shape[1] - 1
+    hidden = features[0].shape[2]
+    feats = torch.zeros(b, n, layers, hidden)
+    next_tokens = torch.zeros(b, n, dtype=torch.long)
+    next_final = torch.zeros(b, n, hidden)
+    targets = torch.full((b, n), IGNORE, dtype=torch.long)
+    valid = torch.zeros(b, n, dtype=torch.bool)
+    for r, (ids, p, f) in enumerate(zip(sequences, prompt_lens, features)):
+        m = len(ids) - 1
+        ids_t = torch.tensor(ids, dtype=torch.long)
+        feats[r, :m] = f[:m, :layers]
+        next_tokens[r, :m] = ids_t[1:]
+        next_final[r, :m] = f[1:, layers]
+        valid[r, :m] = True
+        lo = max(p - 2, 0)
+        if m - 1 > lo:
+            targets[r, lo : m - 1] = index[ids_t[lo + 2 :]]
+    return EagleBatch(feats, next_tokens, next_final, targets, valid)
+
+
+def ttt_allowed(n: int, step: int) -> torch.Tensor:
+    """[n, n * step] bool: what row t of unrolled pass `step` (1-based) attends to, over the
+    rows of passes 1..step laid out pass-major. Pass 1 is causal; pass j row t sees pass-1 rows
+    s <= t - j + 1 (the committed context) and pass-i row t - j + i for i = 2..j (its draft
+    ancestors and itself), as a depth j - 1 tree node does at inference.
+
+    Example: n 3, step 2: row 2 sees pass-1 rows 0, 1 and pass-2 row 2.
+    """
+    allowed = torch.zeros(n, n * step, dtype=torch.bool)
+    for t in range(n):
+        allowed[t, : max(t - step + 2, 0)] = True
+        for i in range(2, step + 1):
+            s = t - step + i
+            if s >= 0:
+                allowed[t, (i - 1) * n + s] = True
+        if step == 1:
+            allowed[t, : t + 1] = True
+    return allowed
