@@ -437,13 +437,9 @@ def cmd_loadtest(args) -> int:
 
 
 def _drafter_config(drafter, curve) -> dict:
-    """Tree size for this drafter on this device: expected τ / (verify + draft cost)."""
-    from specserve.engine.drafters.budget import measure_step_cost, tree_config
+    from specserve.engine.drafters.budget import drafter_config
 
-    step = measure_step_cost(drafter, curve)
-    config = tree_config(drafter.kind, drafter.manifest.accept_rates, curve, step)
-    config.pop("predicted_speedup")
-    return config
+    return drafter_config(drafter, curve)
 
 
 def _device_name(device) -> str:

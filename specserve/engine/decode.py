@@ -118,9 +118,11 @@ class Engine:
         config: BaseModel | dict | None = None,
         pool: NGramPool | None = None,
         adapter: str | None = None,
+        drafter=None,
     ) -> RequestState:
-        """`adapter`: name of a LoRA adapter resident on a peft-wrapped model (None = base);
-        `pool`: the n-gram pool of that variant@version, shared across its requests."""
+        """`adapter`: a LoRA adapter resident on a peft-wrapped model (None = the model's default,
+        `lora.BASE_ADAPTER` = the base alone); `pool`: the n-gram pool of that variant@version;
+        `drafter`: the trained drafter of this request's variant (default: the engine's own)."""
         params = params or SamplingParams()
         adapter_kwargs(self.model, [adapter])  # fail now, not mid-stream, on an unknown adapter
         if not prompt_ids:
@@ -138,7 +140,7 @@ class Engine:
             self.model.config.vocab_size,
             seed,
             pool,
-            drafter=self.drafters.get(strategy),
+            drafter=drafter if drafter is not None else self.drafters.get(strategy),
         )
         generator = torch.Generator().manual_seed(seed)
         return RequestState(

@@ -129,7 +129,12 @@ class Gateway:
             return None
         key = record.key
         drafters = [
-            {"kind": kind, "status": status.state, "held_out_tau": status.tau}
+            {
+                "kind": kind,
+                "status": status.state,
+                "held_out_tau": status.tau,
+                "artifact_dir": status.artifact_dir,
+            }
             for kind, status in self.registry.drafters(key).items()
         ]
         measured = {s: (a.tau or 0.0, a.tokens) for s, a in self.registry.acceptance(key).items()}

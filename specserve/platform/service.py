@@ -23,6 +23,8 @@ from specserve.engine.sampling import SamplingParams
 from specserve.policies.router import Decision, DrafterView, VariantView, decide
 from specserve.policies.settings import PolicySettings
 
+DRAFTER_KINDS = ("medusa", "eagle")
+
 
 class Target(BaseModel):
     """What the gateway resolved a `model` name to; name None = the base model itself."""
@@ -77,7 +79,9 @@ class ModelService:
         strategy_configs: dict[str, BaseModel] | None = None,
         pad_width: Callable[[int], int] | None = None,
         clock: Callable[[], float] = time.time,
+        curve=None,
     ) -> None:
+        """`curve`: the device cost curve (sizes drafter trees); None uses their default trees."""
         self.loaded = loaded
         self.adapters = adapters
         self.pools = pools
@@ -85,7 +89,12 @@ class ModelService:
         self.strategy_configs = strategy_configs or {}
         self.engine = Engine(adapters.model, loaded.tokenizer, loaded.eos_token_ids, pad_width)
         self.clock = clock
+        self.curve = curve
         self.ongoing = 0
+        self._drafters: dict[
+            tuple[str, str], tuple[object, dict]
+        ] = {}  # (artifact dir, sha) -> drafter, config
+        self._weights_sha: str | None = None
         self._turn: asyncio.Lock | None = None
 
     def stats(self) -> dict:
@@ -105,8 +114,9 @@ class ModelService:
             return encode_messages(tok, request.messages)
         return encode_prompt(tok, request.prompt or "", chat=False)
 
-    def choose(self, request: GenerateRequest) -> tuple[Decision, BaseModel]:
-        """The policy's decision for this request and the strategy config it implies."""
+    def choose(self, request: GenerateRequest) -> tuple[Decision, BaseModel, object]:
+        """The policy's decision for this request, the strategy config it implies and the
+        variant's drafter (None unless the strategy needs one)."""
         if request.strategy:
             decision = Decision(request.strategy, "strategy set by the caller")
         else:
@@ -114,10 +124,48 @@ class ModelService:
             if request.target.policy is not None:
                 policy = PolicySettings.model_validate(request.target.policy)
             decision = decide(request.target.view(), self.ongoing, policy, self.clock())
-        config = REGISTRY.config(decision.strategy, self.strategy_configs.get(decision.strategy))
+        drafter, drafter_cfg = None, None
+        if decision.strategy in DRAFTER_KINDS:
+            try:
+                drafter, drafter_cfg = self.drafter(request.target, decision.strategy)
+            except (ValueError, OSError) as err:  # mismatch, missing files: never garbage drafts
+                reason = f"{decision.reason}; but its {decision.strategy} drafter was refused ({err}); lookahead"
+                decision = Decision("lookahead", reason)
+        base = (
+            drafter_cfg if drafter_cfg is not None else self.strategy_configs.get(decision.strategy)
+        )
+        config = REGISTRY.config(decision.strategy, base)
         if decision.max_draft_tokens:
             config = REGISTRY.limited(decision.strategy, config, decision.max_draft_tokens)
-        return decision, config
+        return decision, config, drafter
+
+    def drafter(self, target: Target, kind: str) -> tuple[object, dict | None]:
+        """The target's `kind` drafter, loaded once and checked against this base model and the
+        variant's adapter (a drafter of another version is refused)."""
+        from specserve.engine.drafters.artifact import base_weights_sha256, load_drafter
+
+        found = [d for d in target.drafters if d.get("kind") == kind and d.get("artifact_dir")]
+        if not found:
+            raise ValueError(f"no {kind} artifact registered for {target.key or 'the base model'}")
+        path = found[0]["artifact_dir"]
+        cache_key = (path, target.adapter_sha256 or "")
+        if cache_key not in self._drafters:
+            if self._weights_sha is None:
+                self._weights_sha = base_weights_sha256(self.adapters.model)
+            drafter = load_drafter(
+                path,
+                self.adapters.model,
+                self.loaded.model_id,
+                target.adapter_sha256,
+                self._weights_sha,
+            )
+            config = None
+            if self.curve is not None:
+                from specserve.engine.drafters.budget import drafter_config
+
+                config = drafter_config(drafter, self.curve)
+            self._drafters[cache_key] = (drafter, config)
+        return self._drafters[cache_key]
 
     def ensure_variant(self, target: Target) -> str | None:
         """Make the target's adapter resident; its resident name (`BASE_ADAPTER` for the base once
@@ -136,12 +184,14 @@ class ModelService:
         if self._turn is None:
             self._turn = asyncio.Lock()
         adapter = self.ensure_variant(request.target)
-        decision, config = self.choose(request)
+        decision, config, drafter = self.choose(request)
         ids = self.encode(request)
         pool = self.pools.pool(request.target.key)
         hold = self.adapters.hold(adapter) if adapter not in (None, BASE_ADAPTER) else _nothing()
         with hold:
-            state = self.engine.start(ids, request.params, decision.strategy, config, pool, adapter)
+            state = self.engine.start(
+                ids, request.params, decision.strategy, config, pool, adapter, drafter
+            )
             self.ongoing += 1
             try:
                 while not state.done:

@@ -19,6 +19,7 @@ class DrafterView:
     kind: str  # "eagle" | "medusa"
     status: str  # queued | running | succeeded | failed | cancelled
     held_out_tau: float | None = None
+    artifact_dir: str | None = None
 
 
 @dataclass(frozen=True)

@@ -218,3 +218,17 @@ def test_fresh_decoder_layer_with_cache_equals_one_pass(tiny_llama):
     )
     assert hf_internals.cache_length(cache) == 6
     assert torch.allclose(torch.cat([a, b], dim=1), one, atol=ATOL)
+
+
+def test_backbone_accessors_see_through_a_peft_wrapper(tiny_llama):
+    import copy
+
+    import peft
+
+    from specserve.engine import hf_internals
+
+    base = copy.deepcopy(tiny_llama(0))
+    norm = hf_internals.final_norm(base)
+    wrapped = peft.get_peft_model(base, peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    assert hf_internals.final_norm(wrapped) is norm
+    assert type(hf_internals.decoder_layer(wrapped)) is type(base.model.layers[0])

@@ -84,7 +84,7 @@ def test_variant_request_equals_merged_adapter(service, make_adapter, merge_adap
 
 def test_busy_replica_gets_limited_config(service):
     service.ongoing = service.policy.busy_ongoing
-    decision, config = service.choose(_request(Target(version_times=[1e6])))
+    decision, config, _ = service.choose(_request(Target(version_times=[1e6])))
     assert decision.max_draft_tokens == service.policy.busy_max_draft_tokens
     assert (config.window + config.guesses) * (config.ngram - 1) <= decision.max_draft_tokens
 
@@ -124,3 +124,79 @@ def test_prompt_too_long_is_a_value_error(service):
     )
     with pytest.raises(ValueError, match="prompt"):
         _run(service, request)
+
+
+def _save_drafter(random_drafter, model, out, adapter_sha, kind_spec):
+    """A randomly initialized drafter saved as an artifact for `model` (+ adapter fingerprint)."""
+    from specserve.engine.drafters.artifact import base_weights_sha256, save_drafter
+
+    drafter = random_drafter(model, kind_spec, seed=3, scale=0.3)
+    manifest = drafter.manifest.model_copy(
+        update={
+            "base_model_id": "tiny",
+            "base_weights_sha256": base_weights_sha256(model),
+            "adapter_sha256": adapter_sha,
+        }
+    )
+    save_drafter(out, manifest, drafter.module, drafter.draft_vocab)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_stable_variant_with_winning_drafter_is_served_with_it_exactly(
+    kind, service, tiny_llama, make_adapter, merge_adapter, random_drafter, tmp_path
+):
+    from specserve.adapters.fingerprint import adapter_sha256
+    from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
+
+    base = tiny_llama(1, init_range=0.1)
+    path = make_adapter("stable", base, seed=4)
+    sha = adapter_sha256(path)
+    service.ensure_variant(Target(name="stable", version=1, adapter_path=str(path)))
+    spec = EagleSpec() if kind == "eagle" else MedusaSpec(heads=3, topk=4)
+    artifact = _save_drafter(random_drafter, service.adapters.model, tmp_path / kind, sha, spec)
+    drafters = [
+        {"kind": kind, "status": "succeeded", "held_out_tau": 4.0, "artifact_dir": str(artifact)}
+    ]
+    target = Target(
+        name="stable",
+        version=1,
+        adapter_path=str(path),
+        adapter_sha256=sha,
+        version_times=[0.0],
+        drafters=drafters,
+    )
+    events = _run(service, _request(target))
+    done = events[-1]["specserve"]
+    assert done["strategy"] == kind and "beats lookahead" in done["reason"]
+    merged = Engine(merge_adapter(base, path), WordTokenizer(), frozenset())
+    expected = merged.generate([5, 9, 14, 3, 5, 9, 14, 7, 5, 9], SamplingParams(max_new_tokens=20))
+    assert "".join(e["text"] for e in events[:-1]) == expected.text
+
+
+def test_drafter_of_another_version_is_refused_and_lookahead_serves(
+    service, tiny_llama, make_adapter, random_drafter, tmp_path
+):
+    from specserve.adapters.fingerprint import adapter_sha256
+    from specserve.engine.drafters.modules import EagleSpec
+
+    base = tiny_llama(1, init_range=0.1)
+    v1, v2 = make_adapter("v1", base, seed=1), make_adapter("v2", base, seed=2)
+    service.ensure_variant(Target(name="s", version=2, adapter_path=str(v2)))
+    artifact = _save_drafter(
+        random_drafter, service.adapters.model, tmp_path / "eagle", adapter_sha256(v1), EagleSpec()
+    )
+    drafters = [
+        {"kind": "eagle", "status": "succeeded", "held_out_tau": 4.0, "artifact_dir": str(artifact)}
+    ]
+    target = Target(
+        name="s",
+        version=2,
+        adapter_path=str(v2),
+        adapter_sha256=adapter_sha256(v2),
+        version_times=[0.0],
+        drafters=drafters,
+    )
+    decision, _, drafter = service.choose(_request(target))
+    assert decision.strategy == "lookahead" and drafter is None
+    assert "refused" in decision.reason and "adapter differs" in decision.reason

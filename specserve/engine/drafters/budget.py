@@ -67,3 +67,11 @@ def measure_step_cost(
         times.append(time.perf_counter() - t0)
     times = sorted(times[2:])
     return times[len(times) // 2] * 1000 / curve.ms[min(curve.ms)]
+
+
+def drafter_config(drafter: Drafter, curve: CostCurve) -> dict:
+    """The tree for this drafter on this device: expected τ / (verify + draft cost), measured."""
+    step = measure_step_cost(drafter, curve)
+    config = tree_config(drafter.kind, drafter.manifest.accept_rates, curve, step)
+    config.pop("predicted_speedup")
+    return config
