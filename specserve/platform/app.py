@@ -84,7 +84,10 @@ class ModelServer:
         _, pool_store = platform_stores(settings)
         self.sync = PoolSync(pool_store, pools, base_model=model_id).start()
         policy = PolicySettings.from_yaml(settings.resolved_policy_file())
-        self.service = ModelService(loaded, adapters, pools, policy, configs, pad_width)
+        curve = _cached_curve(cache_dir, loaded)
+        self.service = ModelService(
+            loaded, adapters, pools, policy, configs, pad_width, curve=curve
+        )
         self.model_id = model_id
         self._warm: set = set()
 
@@ -177,6 +180,15 @@ class GatewayDeployment:
 
     def __serve_build_asgi_app__(self):
         return self.fastapi_app
+
+
+def _cached_curve(cache_dir, loaded):
+    """The device cost curve measured earlier (`specserve tune`), or None: drafter trees then
+    use their default sizes."""
+    from specserve.engine.cost import CostCurve, cost_curve_path
+
+    path = cost_curve_path(cache_dir, loaded.model_id, loaded.device, loaded.dtype)
+    return CostCurve.model_validate_json(path.read_text()) if path.exists() else None
 
 
 def _base_spec(model_id: str, settings: PlatformSettings):

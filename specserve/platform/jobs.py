@@ -7,6 +7,7 @@ its state and progress to the registry (queued -> running -> succeeded | failed 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -26,43 +27,37 @@ def drafter_dir(settings: PlatformSettings, key: VariantKey, kind: str) -> Path:
 
 
 class _ProgressBar:
-    """A tqdm-like bar that writes progress into the registry (at most every 2 s)."""
+    """A tqdm-like bar writing progress into the registry (at most every 2 s): answer generation
+    ("distill", known total) fills the first half; training (open-ended) holds at 0.75."""
 
     def __init__(
-        self, registry: Registry, key: VariantKey, kind: str, total: int, desc: str
+        self, registry: Registry, key: VariantKey, kind: str, total: int | None, desc: str
     ) -> None:
-        self.registry, self.key, self.kind, self.total, self.desc = (
-            registry,
-            key,
-            kind,
-            max(total, 1),
-            desc,
-        )
-        self.n, self._last = 0, 0.0
+        self.registry, self.key, self.kind, self.desc = registry, key, kind, desc
+        self.total, self.n, self._last = total, 0, 0.0
 
     def update(self, n: int = 1) -> None:
         self.n += n
-        if time.monotonic() - self._last > 2.0:
-            self._last = time.monotonic()
-            share = 0.5 if self.desc == "distill" else 1.0
-            progress = (
-                min(0.99, share * self.n / self.total)
-                if self.desc != "distill"
-                else min(0.5, share * self.n / self.total)
-            )
-            self.registry.set_drafter(
-                self.key, DrafterStatus(kind=self.kind, state="running", progress=progress)
-            )
+        if time.monotonic() - self._last < 2.0:
+            return
+        self._last = time.monotonic()
+        progress = 0.5 * min(self.n / self.total, 1.0) if self.total else 0.75
+        self.registry.set_drafter(
+            self.key, DrafterStatus(kind=self.kind, state="running", progress=progress)
+        )
 
     def set_postfix_str(self, text: str) -> None:
-        pass
+        """tqdm's API; the registry keeps no free text."""
 
     def close(self) -> None:
-        pass
+        """tqdm's API; nothing to release."""
 
 
-def run_drafter_job(record: dict, kind: str, budget_minutes: float | None, args: dict) -> dict:
-    """Train a `kind` drafter for the variant version `record` (its adapter on its base model)."""
+def run_drafter_job(
+    record: dict, kind: str, budget_minutes: float | None, args: dict, overrides: dict | None = None
+) -> dict:
+    """Train a `kind` drafter for the variant version `record` (its adapter on its base model);
+    `overrides`: DrafterTrainSettings fields (prompts, max_new_tokens, ...)."""
     from specserve.adapters.resident import ResidentAdapters, base_model_names
     from specserve.adapters.settings import AdapterLimits
     from specserve.engine.models import load_model
@@ -100,7 +95,7 @@ def run_drafter_job(record: dict, kind: str, budget_minutes: float | None, args:
             adapter_sha256=checked.sha256,
             progress_bar=lambda total, desc: _ProgressBar(registry, key, kind, total, desc),
         )
-        tau = drafter.manifest.heldout_tau if hasattr(drafter.manifest, "heldout_tau") else None
+        tau = drafter.manifest.heldout_tau
         status = DrafterStatus(
             kind=kind, state="succeeded", progress=1.0, artifact_dir=str(out), tau=tau
         )
@@ -138,3 +133,24 @@ class RayJobs:
         ref = self._refs.pop((str(key), kind), None)
         if ref is not None:
             ray.cancel(ref, force=True)
+
+
+class ThreadJobs:
+    """Runs `run_drafter_job` in a background thread of this process (no Ray: tests, one box).
+    Cancellation marks the registry; the thread's result is then dropped."""
+
+    def __init__(self, args: dict, overrides: dict | None = None) -> None:
+        self.args, self.overrides = dict(args), overrides
+        self.threads: dict[tuple[str, str], threading.Thread] = {}
+
+    def start(self, record: VersionRecord, kind: str, budget_minutes: float | None) -> None:
+        thread = threading.Thread(
+            target=run_drafter_job,
+            args=(record.model_dump(), kind, budget_minutes, self.args, self.overrides),
+            daemon=True,
+        )
+        self.threads[(str(record.key), kind)] = thread
+        thread.start()
+
+    def cancel(self, key: VariantKey, kind: str) -> None:
+        self.threads.pop((str(key), kind), None)

@@ -199,10 +199,11 @@ def medusa_accept_rates(heads, rows_w, data: MedusaRows, topk: int) -> list[list
     counts = torch.zeros(data.targets.shape[1])
     for i in range(0, len(data.features), 1024):
         out = heads.logits(data.features[i : i + 1024].to(rows_w.device), rows_w)  # [n, K, v]
-        top = out.topk(topk, dim=-1).indices.cpu()  # [n, K, topk]
+        k = min(topk, out.shape[-1])  # a tiny draft vocabulary has fewer candidates than topk
+        top = out.topk(k, dim=-1).indices.cpu()  # [n, K, k]
         y = data.targets[i : i + 1024]
         ok = y != IGNORE
-        hits += ((top == y[..., None]) & ok[..., None]).sum(0).float()
+        hits[:, :k] += ((top == y[..., None]) & ok[..., None]).sum(0).float()
         counts += ok.sum(0).float()
     return (hits / counts.clamp(min=1)[:, None]).tolist()
 
@@ -311,7 +312,8 @@ def eagle_accept_rates(draft, target, rows_w, batches: list[EagleBatch], depth: 
             tgt = batch.targets.to(h.device).clone()
             tgt[:, :j] = IGNORE
             ok = tgt != IGNORE
-            top = (h[ok] @ rows_w.T).topk(topk, dim=-1).indices  # [m, topk]
-            hits[j] += (top == tgt[ok][:, None]).sum(0).float().cpu()
+            k = min(topk, rows_w.shape[0])  # a tiny draft vocabulary has fewer candidates
+            top = (h[ok] @ rows_w.T).topk(k, dim=-1).indices  # [m, k]
+            hits[j, :k] += (top == tgt[ok][:, None]).sum(0).float().cpu()
             counts[j] += ok.sum().cpu()
     return (hits / counts.clamp(min=1)[:, None]).tolist()

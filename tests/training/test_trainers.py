@@ -173,3 +173,17 @@ def pytest_approx(x):
     import pytest
 
     return pytest.approx(x)
+
+
+def test_accept_rates_with_a_draft_vocabulary_smaller_than_topk(tiny_llama):
+    """A variant whose answers use few distinct tokens: ranks past the vocabulary score 0."""
+    model = tiny_llama(1, init_range=0.1)
+    seqs = _loopy_data(model, n=4, length=12)
+    feats = teacher_features(model, seqs, (-1,))
+    vocab = torch.tensor(sorted({t for s in seqs for t in s})[:3])  # 3 tokens < topk 5
+    index = examples.vocab_index(vocab, 96)
+    rows = examples.medusa_rows(seqs, [4] * len(seqs), feats, 2, index)
+    heads = build_module(model, MedusaSpec(heads=2, topk=5))
+    rates = trainers.medusa_accept_rates(heads, head_rows(model, vocab), rows, 5)
+    assert len(rates) == 2 and all(len(r) == 5 and r[3:] == [0.0, 0.0] for r in rates)
+    assert all(0.0 <= x <= 1.0 for r in rates for x in r)
