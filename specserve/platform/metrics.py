@@ -75,6 +75,18 @@ class Metrics:
             ["base_model", "replica"],
             registry=r,
         )
+        self.replica_ongoing = Gauge(
+            "specserve_replica_ongoing",
+            "Requests decoding on a model-server replica",
+            ["base_model", "replica"],
+            registry=r,
+        )
+        self.replica_cancelled = Gauge(
+            "specserve_replica_cancelled",
+            "Requests a replica stopped early (client gone)",
+            ["base_model", "replica"],
+            registry=r,
+        )
         self.store_up = Gauge("specserve_store_up", "1 when the registry store answers", registry=r)
         self.pool_sync_degraded = Gauge(
             "specserve_pool_sync_degraded",
@@ -125,6 +137,8 @@ class Metrics:
         """Adapter and pool-sync figures a model-server replica reported."""
         self.adapter_loads.labels(base_model, replica).set(stats.get("adapter_loads", 0))
         self.adapter_evictions.labels(base_model, replica).set(stats.get("adapter_evictions", 0))
+        self.replica_ongoing.labels(base_model, replica).set(stats.get("ongoing", 0))
+        self.replica_cancelled.labels(base_model, replica).set(stats.get("cancelled", 0))
         self.pool_sync_degraded.labels(replica).set(0 if stats.get("pool_sync_ok", True) else 1)
 
     def render(self) -> bytes:

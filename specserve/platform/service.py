@@ -91,6 +91,7 @@ class ModelService:
         self.clock = clock
         self.curve = curve
         self.ongoing = 0
+        self.cancelled = 0  # requests stopped before they finished
         self._drafters: dict[
             tuple[str, str], tuple[object, dict]
         ] = {}  # (artifact dir, sha) -> drafter, config
@@ -102,6 +103,7 @@ class ModelService:
         adapter_stats = self.adapters.stats
         return {
             "ongoing": self.ongoing,
+            "cancelled": self.cancelled,
             "adapters_resident": len(self.adapters.names),
             "adapter_loads": adapter_stats.loads,
             "adapter_evictions": adapter_stats.evictions,
@@ -202,6 +204,8 @@ class ModelService:
                 yield self._done(request, state, decision)
             finally:
                 self.ongoing -= 1
+                if not state.done:  # the consumer went away (client disconnect, cancellation)
+                    self.cancelled += 1
 
     def _done(self, request: GenerateRequest, state: RequestState, decision: Decision) -> dict:
         result = self.engine.result(state)

@@ -50,7 +50,7 @@ def stack(tmp_path_factory, save_tiny_model_dir):
         "models": ["tiny"],
         "model_dirs": {"tiny": str(model_dir)},
         "adapter_root": str(adapter_root),
-        "max_tokens": 64,
+        "max_tokens": 240,
     }
     deployments = [
         {"name": "Gateway", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0}},
@@ -221,7 +221,7 @@ def test_errors_and_metrics(stack):
     )
     assert status == 404 and json.loads(text)["error"]["param"] == "model"
     status, _ = _call(
-        f"{base}/v1/completions", "POST", {"model": "tiny", "prompt": "w1", "max_tokens": 65}
+        f"{base}/v1/completions", "POST", {"model": "tiny", "prompt": "w1", "max_tokens": 241}
     )
     assert status == 400
     status, text = _call(f"{base}/metrics")
@@ -286,3 +286,42 @@ def test_loadtest_over_variants_reports_every_mode_and_level(
     assert report["results"]["ar"]["1"]["tau"] == 1.0
     shown = json.loads(_call(f"{base}/admin/variants/load-0", token=TOKEN)[1])
     assert shown["override"] is None  # overrides are reset after the run
+
+
+def test_client_disconnect_stops_the_generation(stack):
+    import http.client
+    import re
+
+    base = stack[0]
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    body = {
+        "model": "tiny",
+        "prompt": PROMPT,
+        "max_tokens": 240,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    finished = re.compile(r'specserve_requests_total\{[^}]*endpoint="completions"[^}]*\} (\S+)')
+
+    def completed() -> float:
+        return sum(float(v) for v in finished.findall(_call(f"{base}/metrics")[1]))
+
+    before = completed()
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    resp.fp.readline()  # the first chunk is on its way: the request is decoding
+    ongoing = re.compile(r"specserve_replica_ongoing\{[^}]*\} (\S+)")
+    assert float(ongoing.search(_call(f"{base}/metrics")[1]).group(1)) == 1.0
+    conn.close()  # the client goes away mid-stream
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if float(ongoing.search(_call(f"{base}/metrics")[1]).group(1)) == 0.0:
+            break
+        time.sleep(0.2)
+    assert float(ongoing.search(_call(f"{base}/metrics")[1]).group(1)) == 0.0
+    assert completed() == before  # it was stopped, not run to its 240 tokens
+    cancelled = re.compile(r"specserve_replica_cancelled\{[^}]*\} (\S+)")
+    assert float(cancelled.search(_call(f"{base}/metrics")[1]).group(1)) == 1.0

@@ -115,7 +115,7 @@ def test_cancelled_consumer_frees_the_request(service):
         await agen.aclose()
         return service.ongoing
 
-    assert asyncio.run(cancel_early()) == 0
+    assert asyncio.run(cancel_early()) == 0 and service.cancelled == 1
 
 
 def test_prompt_too_long_is_a_value_error(service):
