@@ -17,7 +17,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class TenantKeys(BaseModel):
-    """api key -> variant names that tenant may use (file: {tenants: {NAME: {key, variants}}})."""
+    """api key -> variant names that tenant may use. File (k8s/overlays/dev/tenants.example.yaml):
+    {tenants: {NAME: {keys: [KEY, ...], variants: [VARIANT, ...]}}}; a key opens one tenant."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -28,10 +29,18 @@ class TenantKeys(BaseModel):
         if path is None or not Path(path).is_file():
             return cls()
         data = yaml.safe_load(Path(path).read_text()) or {}
-        tenants = data.get("tenants", {})
-        return cls(
-            variants_by_key={t["key"]: frozenset(t.get("variants", [])) for t in tenants.values()}
-        )
+        by_key: dict[str, frozenset[str]] = {}
+        for name, tenant in (data.get("tenants") or {}).items():
+            keys = tenant.get("keys") or []
+            if not keys or not all(isinstance(k, str) and k for k in keys):
+                raise ValueError(
+                    f"tenant keys file {path}: tenant {name!r} needs keys: [non-empty strings]"
+                )
+            for key in keys:
+                if key in by_key:
+                    raise ValueError(f"tenant keys file {path}: a key is listed for two tenants")
+                by_key[key] = frozenset(tenant.get("variants") or [])
+        return cls(variants_by_key=by_key)
 
 
 class PlatformSettings(BaseModel):
