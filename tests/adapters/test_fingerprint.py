@@ -16,9 +16,7 @@ def test_same_bytes_same_fingerprint_any_location(tmp_path):
 
 @pytest.mark.parametrize("change", [{"config": b'{"r": 8}'}, {"weights": b"w2"}])
 def test_any_byte_change_changes_fingerprint(tmp_path, change):
-    assert adapter_sha256(_write(tmp_path / "a")) != adapter_sha256(
-        _write(tmp_path / "b", **change)
-    )
+    assert adapter_sha256(_write(tmp_path / "a")) != adapter_sha256(_write(tmp_path / "b", **change))
 
 
 def test_missing_file_raises(tmp_path):
