@@ -263,9 +263,10 @@ def cmd_bench(args) -> int:
     engine.drafters = drafters
     overrides = parse_overrides(args.config, scoped=True)
     for kind, drafter in drafters.items():
-        methods[kind] = overrides.get(kind) or _drafter_config(drafter, curve)
-        choices[kind] = {"config": methods[kind], "chosen_from": "device cost curve"}
-        _log(f"  {kind}: {methods[kind]}")
+        info: dict = {"chosen_from": "device cost curve"}
+        methods[kind] = overrides.get(kind) or _drafter_config(drafter, curve, info)
+        choices[kind] = {"config": methods[kind], **info}
+        _log(f"  {kind}: {methods[kind]} ({info})")
     methods.update({b: None for b in baselines})
     prompts = bench.load_specbench(args.data, args.per_task, loaded.tokenizer)
     _log(f"benchmarking {len(prompts)} prompts x {len(methods)} methods ...")
@@ -436,10 +437,18 @@ def cmd_loadtest(args) -> int:
     return 0
 
 
-def _drafter_config(drafter, curve) -> dict:
-    from specserve.engine.drafters.budget import drafter_config
+def _drafter_config(drafter, curve, info: dict | None = None) -> dict:
+    """Tree size for this drafter on this device: expected τ / (verify + draft cost). `info`
+    receives the measured draft cost and the predicted speedup."""
+    from specserve.engine.drafters.budget import measure_step_cost, tree_config
 
-    return drafter_config(drafter, curve)
+    step = measure_step_cost(drafter, curve)
+    config = tree_config(drafter.kind, drafter.manifest.accept_rates, curve, step)
+    if info is not None:
+        info["draft_step_cost"] = round(step, 3)  # relative to a 1-token target forward
+        info["predicted_speedup"] = config["predicted_speedup"]
+    config.pop("predicted_speedup")
+    return config
 
 
 def _device_name(device) -> str:

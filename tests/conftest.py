@@ -238,3 +238,9 @@ def _random_drafter(model, spec, seed: int = 0, scale: float = 0.05, vocab=None,
 def random_drafter():
     """Factory: random_drafter(model, spec, seed=0, scale=0.05, vocab=None, acc=None) -> Drafter."""
     return _random_drafter
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_tokenizer():
+    """A WordLevel Hugging Face tokenizer over "w0".."w60" (ids 3..63; 0-2 are specials)."""
+    return _tiny_tokenizer()

@@ -103,26 +103,26 @@ def hidden_features(out, layers: tuple[int, ...]) -> torch.Tensor:
     return torch.stack(picked, dim=2)
 
 
-def _backbone(model) -> torch.nn.Module:
-    """The decoder stack (`LlamaModel` in `LlamaForCausalLM`), through a peft wrapper if any."""
-    owner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return owner.model
+def _decoder(model):
+    """The decoder stack (`LlamaModel` and kin) of a causal LM, unwrapping a peft model."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.model
 
 
 def decoder_layer(model, config=None, layer_idx: int = 0) -> torch.nn.Module:
     """A fresh decoder layer of the target's own class (randomly initialized, eval mode)."""
-    layer_type = type(_backbone(model).layers[0])
+    layer_type = type(_decoder(model).layers[0])
     return layer_type(config or model.config, layer_idx=layer_idx)
 
 
 def final_norm(model) -> torch.nn.Module:
     """The norm the target applies before its LM head."""
-    return _backbone(model).norm
+    return _decoder(model).norm
 
 
 def rotary(model, hidden: torch.Tensor, position_ids: torch.Tensor):
     """(cos, sin) position embeddings of the target for `position_ids` [batch, q]."""
-    return _backbone(model).rotary_emb(hidden, position_ids=position_ids)
+    return _decoder(model).rotary_emb(hidden, position_ids=position_ids)
 
 
 def layer_forward(layer, hidden, mask, position_ids, cache, position_embeddings) -> torch.Tensor:

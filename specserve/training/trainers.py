@@ -194,7 +194,9 @@ def train_medusa(
 
 @torch.no_grad()
 def medusa_accept_rates(heads, rows_w, data: MedusaRows, topk: int) -> list[list[float]]:
-    """acc[k][r]: fraction of rows where head k's rank-r candidate is the right token."""
+    """acc[k][r]: fraction of rows where head k's rank-r candidate is the right token
+    (r < topk, or fewer when the draft vocabulary is smaller)."""
+    topk = min(topk, heads.head.shape[1] if heads.head is not None else len(rows_w))
     hits = torch.zeros(data.targets.shape[1], topk)
     counts = torch.zeros(data.targets.shape[1])
     for i in range(0, len(data.features), 1024):
@@ -303,6 +305,7 @@ def train_eagle(
 @torch.no_grad()
 def eagle_accept_rates(draft, target, rows_w, batches: list[EagleBatch], depth: int, topk: int):
     """acc[d][r] over held-out pairs: rank-r candidate of unrolled pass d + 1 is the token."""
+    topk = min(topk, len(rows_w))
     embed = target.get_input_embeddings()
     hits = torch.zeros(depth, topk)
     counts = torch.zeros(depth)

@@ -56,6 +56,10 @@ class MedusaProposer:
         index: dict[tuple[int, ...], int] = {}
         ids, parents = [], []
         for path in self.paths:
+            if path[-1] >= len(self.candidates[len(path) - 1]) or (
+                len(path) > 1 and path[:-1] not in index
+            ):
+                continue  # fewer candidates than ranks (a tiny draft vocabulary)
             index[path] = len(ids)
             ids.append(self.candidates[len(path) - 1][path[-1]])
             parents.append(index[path[:-1]] if len(path) > 1 else -1)

@@ -193,3 +193,39 @@ def test_medusa_with_own_heads_equals_ar(tiny_llama, tokenizer, random_drafter):
     engine.step(state)
     assert set(state.proposer.vocab.tolist()) == set(vocab.tolist())  # own heads: no prompt ids
     assert all(t % 2 == 0 for t in state.proposer.propose(state.tokens).tree.tokens)
+
+
+@pytest.fixture(scope="module")
+def lora_model(tiny_llama):
+    """A peft-wrapped tiny Llama whose adapter really changes the output."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    base = copy.deepcopy(tiny_llama(1, init_range=0.1))
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+    model = get_peft_model(base, config).eval()
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_drafters_on_a_peft_wrapped_target_equal_ar(
+    lora_model, tiny_llama, tokenizer, random_drafter, kind
+):
+    spec = MedusaSpec(heads=2, topk=4) if kind == "medusa" else EagleSpec(feature_layers=(0, -1))
+    drafter = random_drafter(lora_model, spec, seed=2, scale=0.1)
+    engine = _engine(lora_model, tokenizer, drafter)
+    prompt = _prompt(15, 1)
+    params = SamplingParams(max_new_tokens=MAX_NEW)
+    ref = engine.generate(prompt, params, "ar")
+    base = Engine(tiny_llama(1, init_range=0.1), tokenizer, frozenset())
+    assert base.generate(prompt, params, "ar").output_ids != ref.output_ids  # adapter matters
+    config = {"tree_size": 6} if kind == "medusa" else {"depth": 3, "topk": 2, "total_tokens": 6}
+    assert engine.generate(prompt, params, kind, config).output_ids == ref.output_ids
