@@ -176,7 +176,7 @@ def pytest_approx(x):
 
 
 def test_accept_rates_with_a_draft_vocabulary_smaller_than_topk(tiny_llama):
-    """A variant whose answers use few distinct tokens: ranks past the vocabulary score 0."""
+    """A variant whose answers use few distinct tokens: rates stop at the vocabulary's size."""
     model = tiny_llama(1, init_range=0.1)
     seqs = _loopy_data(model, n=4, length=12)
     feats = teacher_features(model, seqs, (-1,))
@@ -185,5 +185,5 @@ def test_accept_rates_with_a_draft_vocabulary_smaller_than_topk(tiny_llama):
     rows = examples.medusa_rows(seqs, [4] * len(seqs), feats, 2, index)
     heads = build_module(model, MedusaSpec(heads=2, topk=5))
     rates = trainers.medusa_accept_rates(heads, head_rows(model, vocab), rows, 5)
-    assert len(rates) == 2 and all(len(r) == 5 and r[3:] == [0.0, 0.0] for r in rates)
+    assert len(rates) == 2 and all(len(r) == 3 for r in rates)
     assert all(0.0 <= x <= 1.0 for r in rates for x in r)
