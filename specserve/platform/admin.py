@@ -187,6 +187,21 @@ class Admin:
         self.jobs.start(current, body.kind, body.budget_minutes)
         return self.registry.drafter(current.key, body.kind).model_dump()
 
+    def auto_train(self, name: str, version: int, kind: str) -> bool:
+        """The policy asked for a drafter: queue it once per version and kind (never while one is
+        queued, running, done or failed for that version). True if training was queued."""
+        if self.jobs is None or not self.policy().auto_train:
+            return False
+        try:
+            record = self.registry.get(name, version)
+        except (UnknownVariant, ValueError):
+            return False
+        if self.registry.drafter(record.key, kind) is not None:
+            return False
+        self.registry.set_drafter(record.key, DrafterStatus(kind=kind, state="queued"))
+        self.jobs.start(record, kind, None)
+        return True
+
     def cancel(self, name: str, kind: str) -> dict:
         current = self._info(name).current
         status = self.registry.drafter(current.key, kind)

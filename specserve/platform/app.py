@@ -175,6 +175,7 @@ class GatewayDeployment:
         specs = {m: _base_spec(m, settings) for m in settings.models}
         policy = PolicySettings.from_yaml(settings.resolved_policy_file())
         admin = Admin(registry, token, specs, limits, policy, RayJobs(args))
+        gateway.on_train = admin.auto_train  # the policy's requests for drafters start jobs
         self.fastapi_app = create_app(gateway, admin_router(admin))
         self.started = time.time()
 

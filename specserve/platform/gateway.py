@@ -37,8 +37,15 @@ class Gateway:
     """Request handling shared by the HTTP routes; holds no per-request state."""
 
     def __init__(
-        self, settings: PlatformSettings, registry: Registry, backend: Backend, metrics: Metrics
+        self,
+        settings: PlatformSettings,
+        registry: Registry,
+        backend: Backend,
+        metrics: Metrics,
+        on_train=None,
     ) -> None:
+        """`on_train(name, version, kind)`: called (in a thread) when the policy asks for a drafter."""
+        self.on_train = on_train
         self.settings = settings
         self.registry = registry
         self.backend = backend
@@ -278,6 +285,9 @@ class Gateway:
         info = done["specserve"]
         if info["variant"]:
             self._record_acceptance(info, done["usage"]["completion_tokens"])
+            if info.get("train_kind") and self.on_train is not None:
+                args = (info["variant"], info["version"], info["train_kind"])
+                threading.Thread(target=self._train, args=args, daemon=True).start()
 
     def _record_acceptance(self, info: dict, tokens: int) -> None:
         """Add figures locally; a background thread flushes them (requests never wait on Redis)."""
@@ -293,6 +303,13 @@ class Gateway:
             )
             for i, value in enumerate(figures):
                 total[i] += value
+
+    def _train(self, name: str, version: int, kind: str) -> None:
+        try:
+            if self.on_train(name, version, kind):
+                log.info("policy queued %s training for %s@%s", kind, name, version)
+        except StoreError as err:
+            log.warning("could not queue %s training for %s@%s: %s", kind, name, version, err)
 
     def flush_acceptance(self) -> None:
         """Send accumulated figures to the registry; kept for the next round if the store is down."""
