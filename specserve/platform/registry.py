@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specserve.adapters.variants import VariantKey
-from specserve.platform.store import Store
+from specserve.platform.store import Store, StoreError
 
 DrafterKind = Literal["medusa", "eagle"]
 DrafterState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -193,6 +193,17 @@ class Registry:
         """A counter that grows on every change of variants, overrides or settings: poll it to
         know when a cached view is stale."""
         return int(self.store.get(self._generation) or 0)
+
+    def health(self) -> dict:
+        """{"status": "ok"|"unavailable", "store", "latency_ms", "error"}: one ping, for /healthz
+        and the registry-health metric. Never raises."""
+        start = time.perf_counter()
+        try:
+            self.store.ping()
+        except StoreError as err:
+            return {"status": "unavailable", "store": self.store.describe(), "error": str(err)}
+        latency = round((time.perf_counter() - start) * 1000, 3)
+        return {"status": "ok", "store": self.store.describe(), "latency_ms": latency}
 
     # -- variants
     def register(self, spec: VariantSpec) -> VersionRecord:

@@ -20,7 +20,7 @@ from specserve.platform.registry import (
     UnknownVariant,
     VariantSpec,
 )
-from specserve.platform.store import RedisStore
+from specserve.platform.store import RedisStore, StoreUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 SHA = "ab" * 32
@@ -220,7 +220,7 @@ def test_fifty_concurrent_registrations_from_threads(registry):
 _WORKER = """
 import os, sys, threading
 from specserve.platform.registry import Registry, VariantSpec
-from specserve.platform.store import RedisStore
+from specserve.platform.store import RedisStore, StoreUnavailable
 store = RedisStore(os.environ["TEST_REDIS_URL"], socket_timeout_s=5)
 reg = Registry(store)
 spec = VariantSpec(name="shared", base_model="m", adapter_path="/a", adapter_sha256="cd" * 32)
@@ -273,3 +273,18 @@ def test_a_second_replica_sees_changes_without_restart(redis_server):
     assert rb.get("support-bot").version == 2 and rb.generation() == ra.generation()
     a.close()
     b.close()
+
+
+def test_health_reports_an_unreachable_store(redis_server):
+    store = RedisStore(redis_server.url, socket_timeout_s=0.3, connect_timeout_s=0.3)
+    registry = Registry(store)
+    assert registry.health()["status"] == "ok"
+    redis_server.stop()
+    health = registry.health()
+    assert health["status"] == "unavailable" and health["error"]
+    assert redis_server.password not in str(health)
+    with pytest.raises(StoreUnavailable):
+        registry.get("support-bot")
+    redis_server.start()  # same address: the same objects work again
+    assert registry.health()["status"] == "ok" and registry.names() == []
+    store.close()
