@@ -87,7 +87,9 @@ class VariantSpec(_Record):
 
 
 class VersionRecord(VariantSpec):
-    """One registered version."""
+    """One registered version. Reads ignore fields they do not know (written by newer code)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     version: int = Field(ge=1)
     created_at: float = Field(description="registration time, seconds since the epoch")
@@ -98,7 +100,10 @@ class VersionRecord(VariantSpec):
 
 
 class DrafterStatus(_Record):
-    """Drafter training for one variant@version and kind, as the training job reports it."""
+    """Drafter training for one variant@version and kind, as the training job reports it.
+    Unknown fields are ignored (records written by newer code stay readable)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     kind: DrafterKind
     state: DrafterState

@@ -3,6 +3,7 @@ acceptance, policy, tenants; concurrency from threads and from separate processe
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -288,3 +289,14 @@ def test_health_reports_an_unreachable_store(redis_server):
     redis_server.start()  # same address: the same objects work again
     assert registry.health()["status"] == "ok" and registry.names() == []
     store.close()
+
+
+def test_records_written_by_newer_code_stay_readable(registry, store):
+    key = registry.register(spec()).key
+    versions = "specserve:variant:support-bot:versions"
+    body = json.loads(store.hget(versions, "1")) | {"added_later": 1}
+    store.hset(versions, {"1": json.dumps(body)})
+    drafters = "specserve:variant:support-bot:drafters"
+    store.hset(drafters, {"1:eagle": json.dumps({"kind": "eagle", "state": "queued", "new": 2})})
+    assert registry.get("support-bot", 1).adapter_sha256 == SHA
+    assert registry.drafter(key, "eagle").state == "queued"
