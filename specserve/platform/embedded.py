@@ -221,9 +221,9 @@ class Stores:
     registry: Store
     pools: Store
     kind: str  # "redis" | "embedded" | "memory"
-    redis_url: str | None = None
-    pool_redis_url: str | None = None
-    embedded: EmbeddedRedis | None = None
+    redis_url: str | None = field(default=None, repr=False)  # holds the password
+    pool_redis_url: str | None = field(default=None, repr=False)
+    embedded: EmbeddedRedis | None = field(default=None, repr=False)
     _closed: bool = field(default=False, repr=False)
 
     def describe(self) -> str:

@@ -108,6 +108,7 @@ class PoolSync:
         self._last_error: str | None = None
         self._degraded_since: float | None = None
         self._rounds = 0  # rounds finished (ok or not)
+        self._in_round = False  # a round is running (it may have missed a just-made pool)
         self._round_ok: dict[int, bool] = {}
         self._failures_in_row = 0
         self._resync = False  # push full snapshots on the next good round (store may be empty)
@@ -118,6 +119,7 @@ class PoolSync:
     # ---------------------------------------------------------------------------- lifecycle
     def start(self) -> PoolSync:
         if self._thread is None:
+            self._stop.clear()
             self._thread = threading.Thread(
                 target=self._run, name="specserve-pool-sync", daemon=True
             )
@@ -139,9 +141,10 @@ class PoolSync:
 
     # ---------------------------------------------------------------------------- requests
     def sync_now(self, timeout_s: float = 5.0) -> bool:
-        """Ask for a round now and wait up to `timeout_s` for it; whether it succeeded."""
+        """Ask for a round that starts after this call and wait up to `timeout_s` for it;
+        whether it succeeded (False if the thread is not running)."""
         with self._lock:
-            target = self._rounds + 1
+            target = self._rounds + (2 if self._in_round else 1)
             self._wake.set()
             self._round_done.wait_for(lambda: self._rounds >= target, timeout_s)
             return self._rounds >= target and self._round_ok.get(target, False)
@@ -196,6 +199,8 @@ class PoolSync:
         return min(s.max_backoff_s, s.interval_s * 2 ** min(self._failures_in_row - 1, 16))
 
     def _round(self) -> bool:
+        with self._lock:
+            self._in_round = True
         try:
             self._sync_all(full_push=self._resync)
         except Exception as err:  # noqa: BLE001 - any failure: keep local state, retry later
@@ -208,6 +213,7 @@ class PoolSync:
         now = time.time()
         with self._lock:
             self._rounds += 1
+            self._in_round = False
             self._round_ok[self._rounds] = err is None
             self._round_ok.pop(self._rounds - 64, None)
             self._counts["rounds"] += 1

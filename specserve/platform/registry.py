@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specserve.adapters.variants import VariantKey
-from specserve.platform.store import Store
+from specserve.platform.store import Store, StoreError
 
 DrafterKind = Literal["medusa", "eagle"]
 DrafterState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -87,7 +87,9 @@ class VariantSpec(_Record):
 
 
 class VersionRecord(VariantSpec):
-    """One registered version."""
+    """One registered version. Reads ignore fields they do not know (written by newer code)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     version: int = Field(ge=1)
     created_at: float = Field(description="registration time, seconds since the epoch")
@@ -98,7 +100,10 @@ class VersionRecord(VariantSpec):
 
 
 class DrafterStatus(_Record):
-    """Drafter training for one variant@version and kind, as the training job reports it."""
+    """Drafter training for one variant@version and kind, as the training job reports it.
+    Unknown fields are ignored (records written by newer code stay readable)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     kind: DrafterKind
     state: DrafterState
@@ -193,6 +198,17 @@ class Registry:
         """A counter that grows on every change of variants, overrides or settings: poll it to
         know when a cached view is stale."""
         return int(self.store.get(self._generation) or 0)
+
+    def health(self) -> dict:
+        """{"status": "ok"|"unavailable", "store", "latency_ms", "error"}: one ping, for /healthz
+        and the registry-health metric. Never raises."""
+        start = time.perf_counter()
+        try:
+            self.store.ping()
+        except StoreError as err:
+            return {"status": "unavailable", "store": self.store.describe(), "error": str(err)}
+        latency = round((time.perf_counter() - start) * 1000, 3)
+        return {"status": "ok", "store": self.store.describe(), "latency_ms": latency}
 
     # -- variants
     def register(self, spec: VariantSpec) -> VersionRecord:

@@ -42,7 +42,7 @@ def test_without_redis_url_an_embedded_server_is_started_and_stopped():
         assert stores.pools is stores.registry
         server = stores.embedded
         assert server.running and stores.redis_url == server.url
-        assert server.password not in stores.describe()
+        assert server.password not in stores.describe() and server.password not in repr(stores)
         stores.registry.ping()
         Registry(stores.registry).register(
             VariantSpec(name="v", base_model="m", adapter_path="/a", adapter_sha256="0" * 64)

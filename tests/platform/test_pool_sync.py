@@ -178,3 +178,42 @@ def test_a_hung_redis_never_blocks_local_pools(redis_server):
     finally:
         sync.stop()
         store.close()
+
+
+class _SlowStore(MemoryStore):
+    """Pulls take `delay_s`: a round is always running when the test asks for one."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+
+    def pool_pull(self, key, since, limit):
+        time.sleep(self.delay_s)
+        return super().pool_pull(key, since, limit)
+
+
+def test_warm_start_waits_for_a_round_that_sees_the_new_pool():
+    store = _SlowStore(0.05)
+    store.pool_push("specserve:pool:v:support-bot@2", [encode((1,), (2,))], cap=10, ttl_s=60)
+    local = book()
+    local.pool(V1)
+    with PoolSync(store, local, PoolSyncSettings(interval_s=0.01)) as sync:
+        for _ in range(5):  # rounds run back to back; each warm start lands during one
+            time.sleep(0.02)
+        assert sync.warm_start(V2, timeout_s=5)
+        assert local.pool(V2).get((1,), 1) == [(2,)]
+
+
+def test_stop_then_start_again():
+    store, local = MemoryStore(), book()
+    sync = PoolSync(store, local, FAST)
+    assert not sync.sync_now(timeout_s=0.1)  # not started: nothing syncs
+    sync.start()
+    sync.stop()
+    sync.start()
+    try:
+        local.pool(V1).add((1,), (2,))
+        assert sync.sync_now()
+        assert store.pool_pull(sync.redis_key(V1), 0, 10)[0] == ["1|2"]
+    finally:
+        sync.stop()

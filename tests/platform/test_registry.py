@@ -3,6 +3,7 @@ acceptance, policy, tenants; concurrency from threads and from separate processe
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from specserve.platform.registry import (
     UnknownVariant,
     VariantSpec,
 )
-from specserve.platform.store import RedisStore
+from specserve.platform.store import RedisStore, StoreUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 SHA = "ab" * 32
@@ -220,7 +221,7 @@ def test_fifty_concurrent_registrations_from_threads(registry):
 _WORKER = """
 import os, sys, threading
 from specserve.platform.registry import Registry, VariantSpec
-from specserve.platform.store import RedisStore
+from specserve.platform.store import RedisStore, StoreUnavailable
 store = RedisStore(os.environ["TEST_REDIS_URL"], socket_timeout_s=5)
 reg = Registry(store)
 spec = VariantSpec(name="shared", base_model="m", adapter_path="/a", adapter_sha256="cd" * 32)
@@ -273,3 +274,29 @@ def test_a_second_replica_sees_changes_without_restart(redis_server):
     assert rb.get("support-bot").version == 2 and rb.generation() == ra.generation()
     a.close()
     b.close()
+
+
+def test_health_reports_an_unreachable_store(redis_server):
+    store = RedisStore(redis_server.url, socket_timeout_s=0.3, connect_timeout_s=0.3)
+    registry = Registry(store)
+    assert registry.health()["status"] == "ok"
+    redis_server.stop()
+    health = registry.health()
+    assert health["status"] == "unavailable" and health["error"]
+    assert redis_server.password not in str(health)
+    with pytest.raises(StoreUnavailable):
+        registry.get("support-bot")
+    redis_server.start()  # same address: the same objects work again
+    assert registry.health()["status"] == "ok" and registry.names() == []
+    store.close()
+
+
+def test_records_written_by_newer_code_stay_readable(registry, store):
+    key = registry.register(spec()).key
+    versions = "specserve:variant:support-bot:versions"
+    body = json.loads(store.hget(versions, "1")) | {"added_later": 1}
+    store.hset(versions, {"1": json.dumps(body)})
+    drafters = "specserve:variant:support-bot:drafters"
+    store.hset(drafters, {"1:eagle": json.dumps({"kind": "eagle", "state": "queued", "new": 2})})
+    assert registry.get("support-bot", 1).adapter_sha256 == SHA
+    assert registry.drafter(key, "eagle").state == "queued"
