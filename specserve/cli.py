@@ -70,18 +70,13 @@ def _log(msg: str) -> None:
 
 
 def _cached_tuning(args, loaded, strategy: str):
-    """(cost curve, tuned config), each None when absent, from an earlier `tune`/`bench` on this
-    model and device."""
-    from specserve.engine.cost import CostCurve, cost_curve_path
-    from specserve.engine.tuning import Tuned, tuned_path
+    """(cost curve, tuned config), each None when absent, from an earlier `tune`/`bench`."""
+    from specserve.engine.tuning import cached_choices
 
-    curve_file = cost_curve_path(_cache_dir(args), loaded.model_id, loaded.device, loaded.dtype)
-    if not curve_file.exists():
-        return None, None
-    curve = CostCurve.model_validate_json(curve_file.read_text())
-    tuned_file = tuned_path(_cache_dir(args), curve, strategy)
-    tuned = Tuned.model_validate_json(tuned_file.read_text()) if tuned_file.exists() else None
-    return curve, tuned.config if tuned else None
+    curve, configs = cached_choices(
+        _cache_dir(args), loaded.model_id, loaded.device, loaded.dtype, [strategy]
+    )
+    return curve, configs.get(strategy)
 
 
 def cmd_generate(args) -> int:

@@ -116,7 +116,7 @@ def load_or_tune(
 
 
 def cached_choices(cache_dir: Path, model_id: str, device, dtype, strategies: list[str]):
-    """(pad_width or None, {strategy: tuned config}) from an earlier `tune`/`bench` on this model
+    """(cost curve or None, {strategy: tuned config}) from an earlier `tune`/`bench` on this model
     and device; nothing is measured here (a server starts fast and uses defaults until tuned)."""
     from specserve.engine.cost import CostCurve, cost_curve_path
 
@@ -129,4 +129,4 @@ def cached_choices(cache_dir: Path, model_id: str, device, dtype, strategies: li
         path = tuned_path(Path(cache_dir), curve, strategy)
         if path.exists():
             configs[strategy] = Tuned.model_validate_json(path.read_text()).config
-    return curve.padded_width, configs
+    return curve, configs

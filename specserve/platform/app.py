@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
 
@@ -77,16 +76,21 @@ class ModelServer:
         )
         adapters = ResidentAdapters(loaded.model, base_model_names(model_id), limits)
         cache_dir = settings.cache_dir or default_cache_dir()
-        pad_width, configs = cached_choices(
+        curve, configs = cached_choices(
             cache_dir, model_id, loaded.device, loaded.dtype, ["lookahead", "prompt_lookup"]
         )
         pools = PoolBook(journal_size=4096)
         _, pool_store = platform_stores(settings)
         self.sync = PoolSync(pool_store, pools, base_model=model_id).start()
         policy = PolicySettings.from_yaml(settings.resolved_policy_file())
-        curve = _cached_curve(cache_dir, loaded)
         self.service = ModelService(
-            loaded, adapters, pools, policy, configs, pad_width, curve=curve
+            loaded,
+            adapters,
+            pools,
+            policy,
+            configs,
+            curve.padded_width if curve else None,
+            curve=curve,
         )
         self.model_id = model_id
         self._warm: set = set()
@@ -183,15 +187,6 @@ class GatewayDeployment:
         return self.fastapi_app
 
 
-def _cached_curve(cache_dir, loaded):
-    """The device cost curve measured earlier (`specserve tune`), or None: drafter trees then
-    use their default sizes."""
-    from specserve.engine.cost import CostCurve, cost_curve_path
-
-    path = cost_curve_path(cache_dir, loaded.model_id, loaded.device, loaded.dtype)
-    return CostCurve.model_validate_json(path.read_text()) if path.exists() else None
-
-
 def _base_spec(model_id: str, settings: PlatformSettings):
     """Module shapes of a base model from its config alone (meta device: no weights, no memory)."""
     import torch
@@ -208,7 +203,3 @@ def _base_spec(model_id: str, settings: PlatformSettings):
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     return BaseModelSpec.of(model, base_model_names(model_id))
-
-
-if os.environ.get("SPECSERVE_APP_DEBUG"):
-    logging.basicConfig(level=logging.INFO)

@@ -110,7 +110,7 @@ class Gateway:
                     )
                 return entry[0]
         try:
-            generation = self._generation_now(now)
+            generation = self.registry.generation()  # one small read; bumped on every write
             if entry is not None and entry[1] == generation:
                 return entry[0]
             found = self._lookup(model)
@@ -122,10 +122,6 @@ class Gateway:
         with self._cache_lock:
             self._targets[model] = (found, generation)
         return found
-
-    def _generation_now(self, now: float) -> int:
-        """The registry generation (one small read; it changes on every registry write)."""
-        return self.registry.generation()
 
     def _lookup(self, model: str) -> tuple[str, Target] | None:
         try:

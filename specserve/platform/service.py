@@ -8,6 +8,7 @@ Requests on one replica take turns step by step (one forward at a time, FIFO), s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -189,7 +190,11 @@ class ModelService:
         decision, config, drafter = self.choose(request)
         ids = self.encode(request)
         pool = self.pools.pool(request.target.key)
-        hold = self.adapters.hold(adapter) if adapter not in (None, BASE_ADAPTER) else _nothing()
+        hold = (
+            self.adapters.hold(adapter)
+            if adapter not in (None, BASE_ADAPTER)
+            else contextlib.nullcontext()
+        )
         with hold:
             state = self.engine.start(
                 ids, request.params, decision.strategy, config, pool, adapter, drafter
@@ -229,11 +234,3 @@ class ModelService:
                 "train_kind": decision.train_kind,
             },
         }
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

@@ -6,7 +6,6 @@ import copy
 import json
 
 import pytest
-import torch
 
 from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
@@ -109,7 +108,6 @@ def test_finetune_stops_at_budget(tiny_llama, tmp_path):
     config = FinetuneConfig(epochs=1000, budget_minutes=0.02, held_out_fraction=0.0)
     record = finetune(base, SpaceTokenizer(), examples, config, tmp_path / "a", "tiny", {})
     assert record["stopped_by"] == "budget" and 0 < record["steps"] < 1000 * 2
-    assert torch.is_tensor(next(iter(base.parameters())))
 
 
 def test_lr_schedule_worked_example_and_reference():
