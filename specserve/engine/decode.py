@@ -15,12 +15,13 @@ import torch
 from pydantic import BaseModel
 
 from specserve.engine import hf_internals
-from specserve.engine.forward import verify_forward
+from specserve.engine.forward import ForwardOutput, verify_forward
 from specserve.engine.lora import adapter_kwargs
 from specserve.engine.ngram_pool import NGramPool
 from specserve.engine.proposers import REGISTRY, Proposer, ProposerContext
 from specserve.engine.sampling import SamplingParams, target_probs
 from specserve.engine.textstream import TextStream
+from specserve.engine.tree import Draft, cap_draft, draft_width
 from specserve.engine.verify import greedy_accept, sample_accept
 
 
@@ -45,6 +46,8 @@ class RequestState:
     drafted_by_depth: list[int] = field(default_factory=list)  # [d]: steps drafting depth >= d+1
     accepted_by_depth: list[int] = field(default_factory=list)  # [d]: steps accepting >= d+1
     finish_reason: str | None = None
+    prefill_features: list = field(default_factory=list)  # [m, L, H] per prefill chunk so far
+    capped_steps: int = 0  # decode steps whose draft the batch's load cut
     started_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
 
@@ -159,33 +162,76 @@ class Engine:
 
     def step(self, state: RequestState) -> StepResult:
         """One target forward: propose a draft, verify it, commit the accepted path + bonus."""
-        draft = state.proposer.propose(state.tokens)
+        draft = self.propose(state)
         past = hf_internals.cache_length(state.cache)
-        width = len(state.pending) + len(draft.tree) + (len(draft.aux) if draft.aux else 0)
+        width = len(state.pending) + draft_width(draft)
         pad_to = self.pad_width(width) if self.pad_width and len(state.pending) == 1 else 0
-        layers = tuple(getattr(state.proposer, "feature_layers", ()))
         out = verify_forward(
-            self.model, state.cache, past, state.pending, draft, pad_to, layers, state.adapter
+            self.model,
+            state.cache,
+            past,
+            state.pending,
+            draft,
+            pad_to,
+            feature_layers(state),
+            state.adapter,
         )
-        state.forwards += 1
-        if len(state.pending) == 1:
-            state.widths.append(width)
+        accepted, bonus = self.accept(state, draft, out)
+        hf_internals.keep_rows(state.cache, past + len(state.pending), accepted)
+        return self.commit(state, draft, out, accepted, bonus)
+
+    def prefill_chunk(self, state: RequestState, size: int) -> None:
+        """Feed the first `size` pending prompt tokens into the cache and commit nothing (chunked
+        prefill); the last chunk goes through `step`, which also verifies the first draft."""
+        if not 0 < size < len(state.pending):
+            raise ValueError(f"prefill chunk {size}: must be in 1..{len(state.pending) - 1}")
+        past = hf_internals.cache_length(state.cache)
+        layers = feature_layers(state)
+        out = verify_forward(
+            self.model, state.cache, past, state.pending[:size], Draft(), 0, layers, state.adapter
+        )
+        if out.features is not None:
+            state.prefill_features.append(out.features[:size])
+        state.pending = state.pending[size:]
+
+    def propose(self, state: RequestState, max_draft: int | None = None) -> Draft:
+        """The proposer's draft, cut to `max_draft` tokens (None: uncut; 0: no draft)."""
+        draft = state.proposer.propose(state.tokens)
+        return draft if max_draft is None else cap_draft(draft, max_draft)
+
+    @staticmethod
+    def accept(state: RequestState, draft: Draft, out: ForwardOutput) -> tuple[list[int], int]:
+        """The verifier: accepted draft nodes and the bonus token (greedy or lossless sampling)."""
         if state.params.greedy:
             targets = out.tree_logits.argmax(dim=-1).tolist()
-            accepted, bonus = greedy_accept(draft.tree, targets)
-        else:
-            probs = target_probs(out.tree_logits, state.params).cpu()
-            accepted, bonus = sample_accept(draft.tree, probs, state.generator)
+            return greedy_accept(draft.tree, targets)
+        probs = target_probs(out.tree_logits, state.params).cpu()
+        return sample_accept(draft.tree, probs, state.generator)
+
+    def commit(
+        self,
+        state: RequestState,
+        draft: Draft,
+        out: ForwardOutput,
+        accepted: list[int],
+        bonus: int,
+    ) -> StepResult:
+        """Append the accepted path + bonus, update counters, feed the proposer, stream text.
+        The caller has already kept the KV entries of the pending rows and the accepted nodes."""
+        state.forwards += 1
+        pending = len(state.pending)
+        if pending == 1:
+            state.widths.append(pending + draft_width(draft))
         _count(state.drafted_by_depth, max(draft.tree.depths, default=0))
         _count(state.accepted_by_depth, len(accepted))
-        hf_internals.keep_rows(state.cache, past + len(state.pending), accepted)
-        pending = len(state.pending)
         new_ids = self._commit(state, [draft.tree.tokens[i] for i in accepted] + [bonus])
         state.proposer.observe(draft, out.aux_tokens, state.tokens)
-        if layers and not state.done:
+        if out.features is not None and not state.done:
             # rows whose next token is now committed: every pending row, then the accepted nodes
             rows = list(range(pending)) + [pending + i for i in accepted[: len(new_ids) - 1]]
-            state.proposer.observe_features(out.features[rows], state.tokens)
+            features = torch.cat([*state.prefill_features, out.features[rows]])
+            state.prefill_features = []
+            state.proposer.observe_features(features, state.tokens)
         return StepResult(new_ids, self._stream_text(state, new_ids))
 
     def _commit(self, state: RequestState, new_ids: list[int]) -> list[int]:
@@ -248,6 +294,11 @@ class Engine:
             drafted_by_depth=list(state.drafted_by_depth),
             accepted_by_depth=list(state.accepted_by_depth),
         )
+
+
+def feature_layers(state: RequestState) -> tuple[int, ...]:
+    """The target layers whose hidden features this request's proposer drafts from."""
+    return tuple(getattr(state.proposer, "feature_layers", ()))
 
 
 def _count(by_depth: list[int], depth: int) -> None:

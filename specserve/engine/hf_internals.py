@@ -1,6 +1,6 @@
 """Every touch of transformers internals lives here, pinned by tests/engine/test_hf_internals.py:
 the KV cache (one entry per committed position; `keep_rows` keeps the accepted nodes' entries and
-drops the rest) and the quantizer marker a GGUF-loaded model carries.
+drops the rest; `append_row` / `gather_rows` manage a batch of requests' caches) and the quantizer marker a GGUF-loaded model carries.
 """
 
 from __future__ import annotations
@@ -53,6 +53,48 @@ def keep_rows(cache: DynamicCache, start: int, rows: list[int]) -> None:
     drop = total - (start + len(rows))
     if drop > 0:
         cache.crop(-drop)
+
+
+@torch.inference_mode()
+def append_row(cache: DynamicCache, row_cache: DynamicCache, length: int) -> None:
+    """Add `row_cache`'s first `length` positions as a new batch row of `cache` (batch 1 there).
+
+    Rows are right-padded with zeros to the longer of the two; the caller masks padding out.
+    Example: cache [2 rows, 5 positions] + a row of 7 -> [3 rows, 7 positions].
+    """
+    for layer, src in zip(cache.layers, row_cache.layers, strict=True):
+        keys, values = src.keys[:, :, :length], src.values[:, :, :length]
+        if not layer.is_initialized or layer.keys.numel() == 0:
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys.clone(), values.clone()
+            continue
+        width = max(layer.keys.shape[2], length)
+        layer.keys = torch.cat([_pad_to(layer.keys, width), _pad_to(keys, width)], dim=0)
+        layer.values = torch.cat([_pad_to(layer.values, width), _pad_to(values, width)], dim=0)
+
+
+def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
+    """[b, h, n, d] -> [b, h, width, d], zeros on the right."""
+    extra = width - t.shape[2]
+    return t if extra == 0 else torch.nn.functional.pad(t, (0, 0, 0, extra))
+
+
+@torch.inference_mode()
+def gather_rows(cache: DynamicCache, rows: torch.Tensor, columns: torch.Tensor) -> None:
+    """Keep batch rows `rows` [b'] and, for kept row i, positions `columns[i]` [b', n'] in order.
+
+    Example: rows [2, 0], columns [[0, 3], [1, 1]] leaves 2 rows of 2 positions: old row 2's
+    positions 0 and 3, then old row 0's position 1 twice (repeats are how callers pad).
+    """
+    for layer in cache.layers:
+        if not layer.is_initialized or layer.keys.numel() == 0:
+            continue
+        device = layer.keys.device
+        r, c = rows.to(device), columns.to(device)
+        _, heads, _, dim = layer.keys.shape
+        index = c[:, None, :, None].expand(len(r), heads, c.shape[1], dim)
+        layer.keys = torch.gather(layer.keys[r], 2, index)
+        layer.values = torch.gather(layer.values[r], 2, index)
 
 
 def strip_quantizer(model) -> None:

@@ -104,3 +104,26 @@ class Draft:
 
     tree: DraftTree = field(default_factory=DraftTree)
     aux: AuxBranch | None = None
+
+
+def draft_width(draft: Draft) -> int:
+    """Query rows a draft adds to the verify forward: its tree nodes plus its aux branch."""
+    return len(draft.tree) + (len(draft.aux) if draft.aux else 0)
+
+
+def cap_draft(draft: Draft, max_tokens: int) -> Draft:
+    """The draft cut to at most `max_tokens` rows (load shedding); still lossless to verify.
+
+    Tree nodes come first, in topological order (a prefix keeps every kept node's parent);
+    the aux branch stays only if all of it fits in the room left, else it is dropped (it is never
+    committed). Example: tree of 5 nodes + aux of 4, max 6 -> first 5 nodes, no aux; max 3 ->
+    nodes 0..2, no aux; max 9 -> unchanged.
+    """
+    if draft_width(draft) <= max_tokens:
+        return draft
+    tree = draft.tree
+    keep = max(0, min(len(tree), max_tokens))
+    probs = tree.draft_probs[:keep] if tree.draft_probs is not None else None
+    cut = DraftTree(tree.tokens[:keep], tree.parents[:keep], probs)
+    aux = draft.aux if draft.aux and len(draft.aux) <= max_tokens - keep else None
+    return Draft(cut, aux)

@@ -93,12 +93,20 @@ class LookaheadProposer:
 
     def observe(self, draft: Draft, aux_tokens: list[int], tokens: list[int]) -> None:
         cfg = self.config
+        if draft.aux is None:  # the engine cut the window off this step (load): keep the levels
+            self._feed(tokens)
+            return
         if len(self.levels) == cfg.ngram - 1:
             for col in range(cfg.window):
                 gram = [level[col] for level in self.levels] + [aux_tokens[col]]
                 self.pool.add(gram[: cfg.key_len], gram[cfg.key_len :])
             self.levels = self.levels[1:]
         self.levels.append(list(aux_tokens))
+        self._feed(tokens)
+
+    def _feed(self, tokens: list[int]) -> None:
+        """Add the n-grams of newly committed output to the pool."""
+        cfg = self.config
         if cfg.feed_output:
             start = max(self._fed - cfg.ngram + 1, 0)
             self.pool.add_ngrams(tokens, cfg.key_len, self._cont_len, start=start)

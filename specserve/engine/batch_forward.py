@@ -1,0 +1,97 @@
+"""One forward of the target over many requests: row b = [its pending tokens | its draft], padded.
+
+Each row has its own positions, LoRA adapter and tree mask; the past it sees is the columns its
+`BatchKV` row holds. The output is one `ForwardOutput` per row, exactly what `verify_forward` gives
+that request alone, so the one verifier and commit serve batched and single requests alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specserve.engine import hf_internals
+from specserve.engine.batch_cache import BatchKV
+from specserve.engine.forward import ForwardOutput, build_inputs
+from specserve.engine.lora import adapter_kwargs
+from specserve.engine.tree import Draft, draft_width
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    past: int  # positions this row holds in the batch cache
+    pending: list[int]  # committed tokens not yet in the cache
+    draft: Draft
+    adapter: str | None = None
+    feature_layers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class BatchInputs:
+    input_ids: torch.Tensor  # [b, q]
+    position_ids: torch.Tensor  # [b, q]
+    allowed: torch.Tensor  # [b, q, columns + q] bool
+    logit_rows: list[list[int]]  # per row: its query rows whose logits the verifier reads
+
+
+def build_batch_inputs(rows: list[BatchRow], visible: torch.Tensor) -> BatchInputs:
+    """Stack each row's single-request layout (`forward.build_inputs`), padded to the widest row;
+    a row's past is its visible columns instead of a contiguous prefix.
+
+    Example: visible [[T, T, F], [F, T, T]] (2 rows, 3 columns) and rows of width 1 and 2 give
+    q = 2; row 0's padding query sees its 2 held columns and itself only.
+    """
+    q = max(len(r.pending) + draft_width(r.draft) for r in rows)
+    columns = visible.shape[1]
+    ids, positions, logit_rows = [], [], []
+    allowed = torch.zeros(len(rows), q, columns + q, dtype=torch.bool)
+    for b, row in enumerate(rows):
+        single = build_inputs(row.past, row.pending, row.draft, pad_to=q)
+        ids.append(single.input_ids[0])
+        positions.append(single.position_ids[0])
+        logit_rows.append(single.logit_rows.tolist())
+        allowed[b, :, :columns] = visible[b]
+        allowed[b, :, columns:] = single.allowed[:, row.past :]
+    return BatchInputs(torch.stack(ids), torch.stack(positions), allowed, logit_rows)
+
+
+@torch.inference_mode()
+def verify_batch_forward(model, kv: BatchKV, rows: list[BatchRow]) -> list[ForwardOutput]:
+    """Run the target once over every row of `kv` (rows[b] is kv row b); kv grows by q columns,
+    all hidden until the commit keeps the accepted ones (`BatchKV.keep`)."""
+    if len(rows) != kv.rows:
+        raise ValueError(f"{len(rows)} inputs for a batch cache of {kv.rows} rows")
+    inputs = build_batch_inputs(rows, kv.visible)
+    device = model.device
+    mask = torch.zeros(inputs.allowed.shape, dtype=model.dtype, device=device)
+    mask.masked_fill_(~inputs.allowed.to(device), torch.finfo(model.dtype).min)
+    keep = sorted({r for per_row in inputs.logit_rows for r in per_row})
+    layers = tuple(sorted({layer for row in rows for layer in row.feature_layers}))
+    out = model(
+        input_ids=inputs.input_ids.to(device),
+        position_ids=inputs.position_ids.to(device),
+        attention_mask=mask[:, None],  # [b, 1, q, columns + q]
+        **hf_internals.cache_kwargs(model, kv.cache),
+        use_cache=True,
+        logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),
+        **adapter_kwargs(model, [row.adapter for row in rows]),
+        **({"output_hidden_states": True} if layers else {}),
+    )
+    kv.grow(inputs.input_ids.shape[1])
+    at = {r: i for i, r in enumerate(keep)}
+    features = hf_internals.hidden_features(out, layers) if layers else None  # [b, q, L, H]
+    return [_row_output(out.logits[b], at, inputs.logit_rows[b], row, features, layers, b)
+            for b, row in enumerate(rows)]
+
+
+def _row_output(logits, at, logit_rows, row: BatchRow, features, layers, b) -> ForwardOutput:
+    """Row b's view, shaped as `verify_forward` returns it for that request alone."""
+    picked = logits[[at[r] for r in logit_rows]]  # [r, vocab]
+    n = len(row.draft.tree)
+    aux_tokens = picked[n + 1 :].argmax(dim=-1).tolist() if row.draft.aux else []
+    row_features = None
+    if row.feature_layers:
+        cols = [layers.index(layer) for layer in row.feature_layers]
+        row_features = features[b, : len(row.pending) + n][:, cols]  # [p + n, L, H]
+    return ForwardOutput(picked[: n + 1], aux_tokens, row_features)

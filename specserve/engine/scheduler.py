@@ -1,0 +1,291 @@
+"""Continuous batching: one loop steps every admitted request of one model together.
+
+Each iteration drops cancelled requests, admits waiting ones (round-robin over tenants, within
+the batch and KV-token budgets), runs one bounded prefill chunk, then one forward over every
+decoding row (mixed adapters and strategies; drafts cut by load for load-aware rows) and commits
+each row on its own. Events go to each request's sink; `run` drives it on a thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from specserve.engine import hf_internals
+from specserve.engine.batch_cache import BatchKV
+from specserve.engine.batch_forward import BatchRow, verify_batch_forward
+from specserve.engine.decode import Engine, RequestState, StepResult, feature_layers
+from specserve.engine.spec_budget import RowDraft, choose_cap
+from specserve.engine.tree import cap_draft
+
+
+class BatchSettings(BaseModel):
+    """How much one replica's loop holds; unknown keys fail."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch: int = Field(32, ge=1, description="requests prefilling or decoding at once")
+    max_queue: int = Field(64, ge=0, description="waiting requests; beyond this submit refuses")
+    max_queue_per_tenant: int = Field(32, ge=0, description="waiting requests of one tenant")
+    kv_tokens: int = Field(
+        65536, ge=1, description="KV positions reserved by admitted requests (prompt + output)"
+    )
+    prefill_chunk: int = Field(256, ge=1, description="prompt tokens per prefill forward")
+    draft_reserve: int = Field(64, ge=0, description="KV positions reserved for a draft")
+
+
+class QueueFull(RuntimeError):
+    """The replica's waiting queue (or this tenant's share of it) is full: retry later."""
+
+
+@dataclass
+class Ticket:
+    """One submitted request. `sink(step, finished)` gets every commit, then finished=True once."""
+
+    id: int
+    state: RequestState
+    tenant: str
+    load_aware: bool
+    sink: Callable[[StepResult | None, bool], None]
+    reserve: int
+    cancelled: bool = False
+    row: int | None = None  # its row in the decode batch
+
+
+class Scheduler:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: BatchSettings | None = None,
+        relative_cost: Callable[[int], float] | None = None,
+    ) -> None:
+        """`relative_cost(k)`: the device cost of a k-token forward vs 1 token (cost curve); None
+        never cuts drafts."""
+        self.engine = engine
+        self.settings = settings or BatchSettings()
+        self.relative_cost = relative_cost
+        self.kv = BatchKV(engine.model.config)
+        self.waiting: OrderedDict[str, deque[Ticket]] = OrderedDict()
+        self.prefilling: deque[Ticket] = deque()
+        self.decoding: list[Ticket] = []  # decoding[i] is batch row i
+        self.reserved = 0
+        self.steps = 0
+        self.last_cap: int | None = None
+        self._ids = itertools.count(1)
+        self._lock = threading.Condition()
+        self._calls: deque[tuple[Callable[[], object], Future]] = deque()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # --- called from any thread ---
+
+    def submit(self, state: RequestState, tenant: str, load_aware: bool, sink) -> Ticket:
+        """Queue a started request; raises QueueFull at once when there is no room to wait."""
+        reserve = state.prompt_len + state.params.max_new_tokens + self.settings.draft_reserve
+        if reserve > self.settings.kv_tokens:
+            raise ValueError(
+                f"request needs {reserve} KV positions; this replica holds {self.settings.kv_tokens}"
+            )
+        with self._lock:
+            queue = self.waiting.get(tenant, deque())
+            if sum(map(len, self.waiting.values())) >= self.settings.max_queue:
+                raise QueueFull(f"queue full: {self.settings.max_queue} requests waiting")
+            if len(queue) >= self.settings.max_queue_per_tenant:
+                raise QueueFull(f"queue full for {tenant}: {len(queue)} requests waiting")
+            ticket = Ticket(next(self._ids), state, tenant, load_aware, sink, reserve)
+            self.waiting.setdefault(tenant, queue).append(ticket)
+            self._lock.notify()
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Stop a request; it leaves at the next step and frees its memory."""
+        with self._lock:
+            ticket.cancelled = True
+            self._lock.notify()
+
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Run `fn` on the loop thread between steps (model changes: loading an adapter)."""
+        future: Future = Future()
+        with self._lock:
+            self._calls.append((fn, future))
+            self._lock.notify()
+        if self._thread is None:  # not running on a thread: run now
+            self._run_calls()
+        return future
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "waiting": sum(map(len, self.waiting.values())),
+                "prefilling": len(self.prefilling),
+                "decoding": len(self.decoding),
+                "kv_reserved_tokens": self.reserved,
+                "kv_columns": self.kv.columns,
+                "steps": self.steps,
+                "draft_cap": self.last_cap,
+            }
+
+    def active(self) -> int:
+        s = self.stats()
+        return s["waiting"] + s["prefilling"] + s["decoding"]
+
+    def start(self) -> Scheduler:
+        self._thread = threading.Thread(target=self.run, name="specserve-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._lock.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stop and not self._calls and not self._has_work():
+                    self._lock.wait(timeout=1.0)
+                if self._stop:
+                    return
+            self._run_calls()
+            self.step()
+
+    # --- the loop thread ---
+
+    def step(self) -> bool:
+        """One iteration; False when there was nothing to do."""
+        self._drop_cancelled()
+        self._admit()
+        worked = False
+        if self.decoding:
+            self._decode()
+            worked = True
+        if self.prefilling:
+            self._prefill(self.prefilling[0])
+            worked = True
+        self.steps += worked
+        return worked
+
+    def _has_work(self) -> bool:
+        return bool(self.prefilling or self.decoding or any(self.waiting.values()))
+
+    def _run_calls(self) -> None:
+        while True:
+            with self._lock:
+                if not self._calls:
+                    return
+                fn, future = self._calls.popleft()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as err:  # noqa: BLE001 - handed to the caller
+                    future.set_exception(err)
+
+    def _drop_cancelled(self) -> None:
+        with self._lock:
+            for tenant, queue in list(self.waiting.items()):
+                for t in [t for t in queue if t.cancelled]:
+                    queue.remove(t)
+                    t.sink(None, True)
+            for t in [t for t in self.prefilling if t.cancelled]:
+                self.prefilling.remove(t)
+                self._release(t)
+        if any(t.cancelled for t in self.decoding):
+            self._leave([t for t in self.decoding if t.cancelled])
+
+    def _admit(self) -> None:
+        """Round-robin over tenants with waiting requests while the batch and KV budget allow."""
+        with self._lock:
+            while len(self.prefilling) + len(self.decoding) < self.settings.max_batch:
+                ready = [q for q in self.waiting.values() if q]
+                room = self.settings.kv_tokens - self.reserved
+                head = next((q for q in ready if q[0].reserve <= room), None)
+                if head is None:
+                    return
+                ticket = head.popleft()
+                self.waiting.move_to_end(ticket.tenant)  # this tenant goes to the back
+                self.reserved += ticket.reserve
+                self.prefilling.append(ticket)
+
+    def _prefill(self, ticket: Ticket) -> None:
+        state = ticket.state
+        if len(state.pending) > self.settings.prefill_chunk:
+            self.engine.prefill_chunk(state, self.settings.prefill_chunk)
+            return
+        step = self.engine.step(state)  # the last chunk verifies the first draft as well
+        self.prefilling.popleft()
+        ticket.sink(step, False)
+        if state.done:
+            self._release(ticket)
+            return
+        ticket.row = self.kv.add(state.cache, hf_internals.cache_length(state.cache))
+        state.cache = None  # the batch cache holds its positions now
+        self.decoding.append(ticket)
+
+    def _decode(self) -> None:
+        states = [t.state for t in self.decoding]
+        drafts = [self.engine.propose(s) for s in states]
+        cap = self._cap(drafts)
+        rows = []
+        for ticket, draft, past in zip(self.decoding, drafts, self.kv.lengths(), strict=True):
+            state = ticket.state
+            if cap is not None and ticket.load_aware:
+                cut = cap_draft(draft, cap)
+                state.capped_steps += cut is not draft
+                draft = cut
+            rows.append(BatchRow(past, state.pending, draft, state.adapter, feature_layers(state)))
+        outs = verify_batch_forward(self.engine.model, self.kv, rows)
+        finished = []
+        for b, (ticket, row, out) in enumerate(zip(self.decoding, rows, outs, strict=True)):
+            accepted, bonus = self.engine.accept(ticket.state, row.draft, out)
+            p = len(row.pending)
+            self.kv.keep(b, list(range(p)) + [p + i for i in accepted])
+            step = self.engine.commit(ticket.state, row.draft, out, accepted, bonus)
+            ticket.sink(step, False)
+            if ticket.state.done:
+                finished.append(ticket)
+        if finished:
+            self._leave(finished)
+        elif self.kv.wasted() > 0.5 and self.kv.columns > 256:
+            self.kv.compact(list(range(self.kv.rows)))
+
+    def _cap(self, drafts) -> int | None:
+        if self.relative_cost is None:
+            self.last_cap = None
+            return None
+        row_drafts = [
+            RowDraft(
+                d.tree.depths,
+                len(d.aux) if d.aux else 0,
+                tuple(t.state.drafted_by_depth),
+                tuple(t.state.accepted_by_depth),
+                t.load_aware,
+            )
+            for t, d in zip(self.decoding, drafts, strict=True)
+        ]
+        self.last_cap = choose_cap(row_drafts, self.relative_cost)
+        return self.last_cap
+
+    def _leave(self, tickets: list[Ticket]) -> None:
+        """Take finished or cancelled rows out of the batch (one compaction) and free them."""
+        gone = {t.id for t in tickets}
+        stay = [i for i, t in enumerate(self.decoding) if t.id not in gone]
+        self.kv.compact(stay)
+        self.decoding = [self.decoding[i] for i in stay]
+        for row, t in enumerate(self.decoding):
+            t.row = row
+        for t in tickets:
+            self._release(t)
+
+    def _release(self, ticket: Ticket) -> None:
+        with self._lock:
+            self.reserved -= ticket.reserve
+        ticket.state.cache = None
+        ticket.sink(None, True)
