@@ -14,7 +14,7 @@ import torch
 from specserve.engine import hf_internals
 from specserve.engine.batch_cache import BatchKV
 from specserve.engine.forward import ForwardOutput, build_inputs
-from specserve.engine.lora import adapter_kwargs
+from specserve.engine.lora_batch import lora_rows
 from specserve.engine.tree import Draft, draft_width
 
 
@@ -68,16 +68,16 @@ def verify_batch_forward(model, kv: BatchKV, rows: list[BatchRow]) -> list[Forwa
     mask.masked_fill_(~inputs.allowed.to(device), torch.finfo(model.dtype).min)
     keep = sorted({r for per_row in inputs.logit_rows for r in per_row})
     layers = tuple(sorted({layer for row in rows for layer in row.feature_layers}))
-    out = model(
-        input_ids=inputs.input_ids.to(device),
-        position_ids=inputs.position_ids.to(device),
-        attention_mask=mask[:, None],  # [b, 1, q, columns + q]
-        **hf_internals.cache_kwargs(model, kv.cache),
-        use_cache=True,
-        logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),
-        **adapter_kwargs(model, [row.adapter for row in rows]),
-        **({"output_hidden_states": True} if layers else {}),
-    )
+    with lora_rows(model, [row.adapter for row in rows]):
+        out = model(
+            input_ids=inputs.input_ids.to(device),
+            position_ids=inputs.position_ids.to(device),
+            attention_mask=mask[:, None],  # [b, 1, q, columns + q]
+            **hf_internals.cache_kwargs(model, kv.cache),
+            use_cache=True,
+            logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),
+            **({"output_hidden_states": True} if layers else {}),
+        )
     kv.grow(inputs.input_ids.shape[1])
     at = {r: i for i, r in enumerate(keep)}
     features = hf_internals.hidden_features(out, layers) if layers else None  # [b, q, L, H]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from specserve.engine import hf_internals
-from specserve.engine.lora import adapter_kwargs
+from specserve.engine.lora_batch import lora_rows
 from specserve.engine.tree import Draft
 
 
@@ -100,16 +100,16 @@ def verify_forward(
         mask = torch.zeros(inputs.allowed.shape, dtype=model.dtype, device=device)
         mask.masked_fill_(~inputs.allowed.to(device), torch.finfo(model.dtype).min)
         mask = mask[None, None]  # [1, 1, q, past + q]
-    out = model(
-        input_ids=inputs.input_ids.to(device),
-        position_ids=inputs.position_ids.to(device),
-        attention_mask=mask,
-        **hf_internals.cache_kwargs(model, cache),
-        use_cache=True,
-        logits_to_keep=inputs.logit_rows.to(device),
-        **adapter_kwargs(model, [adapter]),
-        **({"output_hidden_states": True} if feature_layers else {}),
-    )
+    with lora_rows(model, [adapter]):
+        out = model(
+            input_ids=inputs.input_ids.to(device),
+            position_ids=inputs.position_ids.to(device),
+            attention_mask=mask,
+            **hf_internals.cache_kwargs(model, cache),
+            use_cache=True,
+            logits_to_keep=inputs.logit_rows.to(device),
+            **({"output_hidden_states": True} if feature_layers else {}),
+        )
     logits = out.logits[0]  # [r, vocab]
     n = len(draft.tree)
     aux_tokens = logits[n + 1 :].argmax(dim=-1).tolist() if draft.aux else []

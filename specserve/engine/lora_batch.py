@@ -1,0 +1,122 @@
+"""Per-row LoRA for a batch in two batched matmuls per layer (the Punica / S-LoRA idea), on peft.
+
+peft loads, validates and holds the adapters; its own mixed-batch path loops over the adapters of
+a batch in every layer. Here each LoRA Linear's resident adapters are stacked once ([n, r, in] and
+[n, out, r] with the scaling folded in, row 0 = no adapter) and a forward hook adds
+`x @ A[row]^T @ B[row]^T` while peft's own LoRA is off (`disable_adapter`). The only peft
+internals read (`lora_A`, `lora_B`, `scaling`, `lora_variant`) are read here, pinned by
+tests/engine/test_lora_batch.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+import torch
+
+from specserve.engine.lora import BASE_ADAPTER, adapter_kwargs, is_peft_model
+
+_BY_MODEL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def lora_rows(model, adapters: list[str | None]):
+    """A context in which a forward of `model` applies adapters[b] to batch row b.
+
+    Plain models and all-None rows: nothing to do (None = the model's default, see
+    `lora.adapter_kwargs`). Unknown adapters raise ValueError listing the resident ones.
+    Example: `with lora_rows(model, ["support@2", BASE_ADAPTER]): model(ids)` (ids [2, q]).
+    """
+    kwargs = adapter_kwargs(model, adapters)  # validates names
+    if not kwargs:
+        return contextlib.nullcontext()
+    batched = _BY_MODEL.get(model)
+    if batched is None:
+        batched = _BY_MODEL[model] = BatchedLoRA(model)
+    return batched.rows(kwargs["adapter_names"])
+
+
+class BatchedLoRA:
+    """The stacked adapters and hooks of one peft model (rebuilt when its resident set changes)."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self._key: tuple | None = None
+        self._names: dict[str, int] = {}  # adapter -> stack index (0 = none)
+        self._stacks: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._hooks: list = []
+        self._index: torch.Tensor | None = None  # [batch] during a forward
+
+    @contextlib.contextmanager
+    def rows(self, names: list[str]):
+        self._sync()
+        device = self.model.device
+        self._index = torch.tensor([self._names.get(n, 0) for n in names], device=device)
+        layers = list(self._stacks)
+        for m in layers:  # peft's own LoRA off: the hooks add it (peft's disable_adapter is slow)
+            m._disable_adapters = True
+        try:
+            yield
+        finally:
+            for m in layers:
+                m._disable_adapters = False
+            self._index = None
+
+    def _layers(self):
+        return [m for m in self.model.modules() if hasattr(m, "lora_A") and hasattr(m, "scaling")]
+
+    def _sync(self) -> None:
+        """Restack when adapters were added, removed or reloaded since the last forward."""
+        first = next(iter(self._stacks), None)
+        if first is not None and self._key_of(first) == self._key:
+            return
+        layers = self._layers()
+        if not layers:
+            raise ValueError("peft model without LoRA layers")
+        for hook in self._hooks:
+            hook.remove()
+        names = sorted({name for m in layers for name in m.lora_A})
+        if any(getattr(m, "_disable_adapters", True) for m in layers):
+            raise RuntimeError("peft LoRA layers are disabled or lack `_disable_adapters`")
+        self._names = {name: i + 1 for i, name in enumerate(names)}
+        self._stacks = {m: _stack(m, names) for m in layers}
+        self._hooks = [m.register_forward_hook(self._hook) for m in layers]
+        self._key = self._key_of(layers[0])
+
+    def _key_of(self, layer) -> tuple:
+        """Resident names, and where one layer's weights live (a reload moves them)."""
+        names = tuple(sorted(self.model.peft_config))
+        return names, tuple(layer.lora_A[n].weight.data_ptr() for n in names if n in layer.lora_A)
+
+    @torch.inference_mode()
+    def _hook(self, module, inputs, output):
+        if self._index is None:
+            return None
+        a_all, b_all = self._stacks[module]  # [n, r, in], [n, out, r]
+        x = inputs[0].to(a_all.dtype)  # [b, q, in]
+        low = torch.bmm(x, a_all[self._index].transpose(1, 2))  # [b, q, r]
+        return output + torch.bmm(low, b_all[self._index].transpose(1, 2)).to(output.dtype)
+
+
+def _stack(module, names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[1 + n, r, in] and [1 + n, out, r] (scaling folded into B; ranks zero-padded to the
+    largest; row 0 and adapters this layer lacks are zeros)."""
+    held = [n for n in names if n in module.lora_A]
+    for name in held:
+        if name in getattr(module, "lora_variant", {}) or module.lora_B[name].bias is not None:
+            raise ValueError(f"adapter {name}: only plain LoRA (no DoRA, no bias) batches here")
+    ref = module.lora_A[held[0]].weight
+    rank = max(module.lora_A[n].weight.shape[0] for n in held)
+    fan_in = ref.shape[1]
+    fan_out = module.lora_B[held[0]].weight.shape[0]
+    a = torch.zeros(1 + len(names), rank, fan_in, dtype=ref.dtype, device=ref.device)
+    b = torch.zeros(1 + len(names), fan_out, rank, dtype=ref.dtype, device=ref.device)
+    for i, name in enumerate(names, start=1):
+        if name in held:
+            r = module.lora_A[name].weight.shape[0]
+            a[i, :r] = module.lora_A[name].weight.detach()
+            b[i, :, :r] = module.lora_B[name].weight.detach() * module.scaling[name]
+    return a, b
+
+
+__all__ = ["BASE_ADAPTER", "BatchedLoRA", "is_peft_model", "lora_rows"]

@@ -1,0 +1,75 @@
+"""Pins the batched-LoRA path (the peft internals it reads) against peft's own mixed-batch
+forward and against merged weights: adapters of different ranks and target modules, base rows,
+restacking after a load, an unload and a reload under the same name."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+from specserve.engine.lora import BASE_ADAPTER
+from specserve.engine.lora_batch import lora_rows
+
+
+def _randomize(model, seed: int) -> None:
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0, 0.2)
+
+
+@pytest.fixture
+def model(tiny_llama):
+    base = copy.deepcopy(tiny_llama(1, init_range=0.1))
+    m = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+                       adapter_name="x1")
+    m.add_adapter("x2", LoraConfig(r=2, lora_alpha=2, target_modules=["down_proj", "q_proj"]))
+    _randomize(m, 3)
+    for p in m.parameters():
+        p.requires_grad_(False)
+    return m.eval()
+
+
+def _logits(model, ids, names):
+    with lora_rows(model, names):
+        return model(input_ids=ids).logits
+
+
+def test_rows_equal_peft_mixed_batch_and_merged_weights(model):
+    ids = torch.randint(0, 96, (4, 7))
+    names = ["x1", BASE_ADAPTER, "x2", "x1"]
+    ours = _logits(model, ids, names)
+    peft_rows = model(input_ids=ids, adapter_names=names).logits
+    torch.testing.assert_close(ours, peft_rows, rtol=1e-5, atol=1e-5)
+    for row, name in enumerate(names):
+        alone = model(input_ids=ids[row : row + 1], adapter_names=[name]).logits
+        torch.testing.assert_close(ours[row : row + 1], alone, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(ours[0], ours[1], atol=1e-3)  # the adapter matters
+    # peft's own path is restored after the context
+    assert all(not m._disable_adapters for m in model.modules() if hasattr(m, "lora_A"))
+
+
+def test_restacks_after_load_unload_and_reload(model):
+    ids = torch.randint(0, 96, (1, 5))
+    before = _logits(model, ids, ["x2"])
+    model.delete_adapter("x2")
+    with pytest.raises(ValueError, match="not resident"):
+        _logits(model, ids, ["x2"])
+    model.add_adapter("x2", LoraConfig(r=2, lora_alpha=2, target_modules=["down_proj"]))
+    _randomize(model, 11)  # new weights under the old name
+    after = _logits(model, ids, ["x2"])
+    assert not torch.allclose(before, after, atol=1e-4)
+    torch.testing.assert_close(after, model(input_ids=ids, adapter_names=["x2"]).logits,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_plain_model_and_default_rows_take_no_hooks(tiny_llama):
+    plain = tiny_llama(1, init_range=0.1)
+    ids = torch.randint(0, 96, (2, 3))
+    with lora_rows(plain, [None, None]):
+        out = plain(input_ids=ids).logits
+    torch.testing.assert_close(out, plain(input_ids=ids).logits)
