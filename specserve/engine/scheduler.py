@@ -15,29 +15,16 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from specserve.engine import hf_internals
 from specserve.engine.batch_cache import BatchKV
 from specserve.engine.batch_forward import BatchRow, verify_batch_forward
+from specserve.engine.batch_settings import BatchSettings
 from specserve.engine.decode import Engine, RequestState, StepResult, feature_layers
 from specserve.engine.spec_budget import RowDraft, choose_cap
 from specserve.engine.tree import cap_draft
 
 
-class BatchSettings(BaseModel):
-    """How much one replica's loop holds; unknown keys fail."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_batch: int = Field(32, ge=1, description="requests prefilling or decoding at once")
-    max_queue: int = Field(64, ge=0, description="waiting requests; beyond this submit refuses")
-    max_queue_per_tenant: int = Field(32, ge=0, description="waiting requests of one tenant")
-    kv_tokens: int = Field(
-        65536, ge=1, description="KV positions reserved by admitted requests (prompt + output)"
-    )
-    prefill_chunk: int = Field(256, ge=1, description="prompt tokens per prefill forward")
-    draft_reserve: int = Field(64, ge=0, description="KV positions reserved for a draft")
+__all__ = ["BatchSettings", "QueueFull", "Scheduler", "Ticket"]
 
 
 class QueueFull(RuntimeError):
@@ -130,6 +117,18 @@ class Scheduler:
                 "steps": self.steps,
                 "draft_cap": self.last_cap,
             }
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def name_unnamed(self, adapter: str) -> None:
+        """Give requests without an adapter name this one (on the loop thread, between steps):
+        when a plain model becomes a peft wrapper, its base requests must stay on the base."""
+        queued = [t for q in self.waiting.values() for t in q]
+        for t in [*queued, *self.prefilling, *self.decoding]:
+            if t.state.adapter is None:
+                t.state.adapter = adapter
 
     def active(self) -> int:
         s = self.stats()

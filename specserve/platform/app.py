@@ -91,7 +91,8 @@ class ModelServer:
             configs,
             curve.padded_width if curve else None,
             curve=curve,
-        )
+            batch=settings.batch,
+        ).start()
         self.model_id = model_id
         self._warm: set = set()
 
@@ -122,6 +123,9 @@ class ModelServer:
         sync = getattr(self, "sync", None)
         if sync is not None:
             sync.stop()
+        service = getattr(self, "service", None)
+        if service is not None:
+            service.stop()
 
 
 class ServeBackend:
@@ -142,8 +146,14 @@ class ServeBackend:
         try:
             async for event in handle.generate.remote(request.model_dump()):
                 yield event
-        except BackPressureError as err:
-            raise Overloaded(f"{base_model}: {err}") from None
+        except Exception as err:
+            # Serve's queue (BackPressureError) or the replica's engine queue (Overloaded, which
+            # reaches us wrapped in a RayTaskError whose `cause` it is)
+            if isinstance(err, BackPressureError | Overloaded) or isinstance(
+                getattr(err, "cause", None), Overloaded
+            ):
+                raise Overloaded(f"{base_model}: {err}") from None
+            raise
 
     async def replica_stats(self) -> dict[str, dict]:
         out = {}

@@ -7,11 +7,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from specserve.platform.service import GenerateRequest, ModelService
+from specserve.platform.service import GenerateRequest, ModelService, Overloaded
 
-
-class Overloaded(Exception):
-    """The model server cannot take the request now (queue full); the gateway answers 503."""
+__all__ = ["Backend", "LocalBackend", "Overloaded"]
 
 
 class Backend(Protocol):

@@ -2,7 +2,8 @@
 
 `ModelService.generate(request)` picks the strategy (policy), makes the variant's adapter resident,
 decodes with its n-gram pool, and yields `{"type": "delta", ...}` events then one `"done"` event.
-Requests on one replica take turns step by step (one forward at a time, FIFO), so all stream.
+All requests of a replica decode together in one engine loop (`engine.scheduler`, on its own
+thread): each step is one forward over every admitted request, whatever its variant or strategy.
 """
 
 from __future__ import annotations
@@ -21,10 +22,15 @@ from specserve.engine.lora import BASE_ADAPTER, is_peft_model
 from specserve.engine.prompts import encode_messages, encode_prompt
 from specserve.engine.proposers import REGISTRY
 from specserve.engine.sampling import SamplingParams
+from specserve.engine.scheduler import BatchSettings, QueueFull, Scheduler
 from specserve.policies.router import Decision, DrafterView, VariantView, decide
 from specserve.policies.settings import PolicySettings
 
 DRAFTER_KINDS = ("medusa", "eagle")
+
+
+class Overloaded(Exception):
+    """The model server cannot take the request now (queue full); the gateway answers 503."""
 
 
 class Target(BaseModel):
@@ -81,8 +87,10 @@ class ModelService:
         pad_width: Callable[[int], int] | None = None,
         clock: Callable[[], float] = time.time,
         curve=None,
+        batch: BatchSettings | None = None,
     ) -> None:
-        """`curve`: the device cost curve (sizes drafter trees); None uses their default trees."""
+        """`curve`: the device cost curve (sizes drafter trees and cuts drafts under load); None
+        uses default trees and never cuts. `batch`: the engine loop's limits."""
         self.loaded = loaded
         self.adapters = adapters
         self.pools = pools
@@ -97,7 +105,15 @@ class ModelService:
             tuple[str, str], tuple[object, dict]
         ] = {}  # (artifact dir, sha) -> drafter, config
         self._weights_sha: str | None = None
-        self._turn: asyncio.Lock | None = None
+        self.scheduler = Scheduler(self.engine, batch, curve.relative if curve else None)
+
+    def start(self) -> ModelService:
+        """Start the engine loop thread (until `stop`)."""
+        self.scheduler.start()
+        return self
+
+    def stop(self) -> None:
+        self.scheduler.stop()
 
     def stats(self) -> dict:
         """Figures for metrics and health: adapter LRU counters and ongoing requests."""
@@ -105,6 +121,7 @@ class ModelService:
         return {
             "ongoing": self.ongoing,
             "cancelled": self.cancelled,
+            **{f"batch_{k}": v for k, v in self.scheduler.stats().items()},
             "adapters_resident": len(self.adapters.names),
             "adapter_loads": adapter_stats.loads,
             "adapter_evictions": adapter_stats.evictions,
@@ -179,41 +196,72 @@ class ModelService:
             raise ValueError(f"variant {target.key}: no adapter path")
         name = str(target.key)
         self.adapters.ensure(name, target.adapter_path)
-        self.engine.model = self.adapters.model  # the peft wrapper once the first adapter loads
+        if self.engine.model is not self.adapters.model:  # the first adapter wrapped the model
+            self.engine.model = self.adapters.model
+            self.scheduler.name_unnamed(BASE_ADAPTER)  # base requests already running stay base
         return name
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[dict]:
-        """Yield delta events, then a done event; cancelling the consumer stops the decode."""
-        if self._turn is None:
-            self._turn = asyncio.Lock()
-        adapter = self.ensure_variant(request.target)
-        decision, config, drafter = self.choose(request)
-        ids = self.encode(request)
-        pool = self.pools.pool(request.target.key)
-        hold = (
-            self.adapters.hold(adapter)
-            if adapter not in (None, BASE_ADAPTER)
-            else contextlib.nullcontext()
-        )
-        with hold:
-            state = self.engine.start(
-                ids, request.params, decision.strategy, config, pool, adapter, drafter
-            )
-            self.ongoing += 1
+        """Yield delta events, then a done event; cancelling the consumer stops the decode (its
+        row leaves the batch at the next step). Raises Overloaded when the queue is full."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def sink(step, finished: bool) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, (step, finished))
+
+        # model changes (adapter loads) happen on the engine thread, between steps
+        if not self.scheduler.running:
+            self.start()
+        prepared = self.scheduler.call(lambda: self._prepare(request))
+        state, decision, hold = await asyncio.wrap_future(prepared)
+        self.ongoing += 1
+        finished = False
+        try:
+            load_aware = request.strategy is None and not request.target.forced_strategy
+            tenant = str(request.target.key or "")
             try:
-                while not state.done:
-                    async with self._turn:
-                        step = await asyncio.to_thread(self.engine.step, state)
-                    if step.text:
+                ticket = self.scheduler.submit(state, tenant, load_aware, sink)
+            except QueueFull as err:
+                raise Overloaded(f"{self.loaded.model_id}: {err}") from None
+            try:
+                while not finished:
+                    step, finished = await events.get()
+                    if step is not None and step.text:
                         yield {"type": "delta", "text": step.text, "token_ids": step.new_ids}
                 yield self._done(request, state, decision)
             finally:
-                self.ongoing -= 1
-                if not state.done:  # the consumer went away (client disconnect, cancellation)
+                if not finished:  # the consumer went away (client disconnect, cancellation)
+                    self.scheduler.cancel(ticket)
                     self.cancelled += 1
+        finally:
+            self.ongoing -= 1
+            hold.close()
+
+    def _prepare(self, request: GenerateRequest):
+        """On the engine thread: make the adapter resident, pick the strategy, start the request.
+        Returns (state, decision, an ExitStack holding the adapter until the request ends)."""
+        hold = contextlib.ExitStack()
+        try:
+            adapter = self.ensure_variant(request.target)
+            if adapter not in (None, BASE_ADAPTER):
+                hold.enter_context(self.adapters.hold(adapter))
+            decision, config, drafter = self.choose(request)
+            ids = self.encode(request)
+            pool = self.pools.pool(request.target.key)
+            state = self.engine.start(
+                ids, request.params, decision.strategy, config, pool, adapter, drafter
+            )
+        except BaseException:
+            hold.close()
+            raise
+        return state, decision, hold
 
     def _done(self, request: GenerateRequest, state: RequestState, decision: Decision) -> dict:
         result = self.engine.result(state)
+        reason = decision.reason
+        if state.capped_steps:
+            reason += f"; load: drafts cut in {state.capped_steps} of {state.forwards} steps"
         return {
             "type": "done",
             "finish_reason": result.finish_reason,
@@ -226,8 +274,9 @@ class ModelService:
                 "variant": request.target.name,
                 "version": request.target.version or None,
                 "strategy": decision.strategy,
-                "reason": decision.reason,
+                "reason": reason,
                 "tau": round(result.tau, 3),
+                "load_capped_steps": state.capped_steps,
                 "forwards": result.forwards,
                 "drafted_by_depth": result.drafted_by_depth,
                 "accepted_by_depth": result.accepted_by_depth,

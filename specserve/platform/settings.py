@@ -13,6 +13,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from specserve.engine.batch_settings import BatchSettings
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -59,6 +61,7 @@ class PlatformSettings(BaseModel):
     )
     device: str | None = None
     dtype: str | None = None
+    batch: BatchSettings = Field(BatchSettings(), description="each replica's engine loop limits")
     # from the environment only
     admin_token: SecretStr | None = None
     tenant_keys: TenantKeys = TenantKeys()
