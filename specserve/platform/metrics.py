@@ -16,6 +16,9 @@ ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5)
 MAX_DEPTH_LABEL = 16
 
 
+BATCH_FIGURES = ("waiting", "prefilling", "decoding", "kv_reserved_tokens", "draft_cap")
+
+
 class Metrics:
     def __init__(self, max_variants: int = 50) -> None:
         self.registry = CollectorRegistry()
@@ -87,6 +90,19 @@ class Metrics:
             ["base_model", "replica"],
             registry=r,
         )
+        self.replica_batch = Gauge(
+            "specserve_replica_batch",
+            "A replica's engine loop: requests waiting, prefilling, decoding; KV positions "
+            "reserved; the draft cap load put on the last step (-1: none)",
+            ["base_model", "replica", "figure"],
+            registry=r,
+        )
+        self.capped_steps = Counter(
+            "specserve_load_capped_steps",
+            "Decode steps whose draft was cut because of the batch's load",
+            labels,
+            registry=r,
+        )
         self.store_up = Gauge("specserve_store_up", "1 when the registry store answers", registry=r)
         self.pool_sync_degraded = Gauge(
             "specserve_pool_sync_degraded",
@@ -124,6 +140,7 @@ class Metrics:
         for gap in itls:
             self.itl.labels(*labels).observe(gap)
         self.tokens.labels(*labels).inc(done["usage"]["completion_tokens"])
+        self.capped_steps.labels(*labels).inc(info.get("load_capped_steps", 0))
         self.forwards.labels(*labels).inc(info["forwards"])
         for depth, count in enumerate(info["drafted_by_depth"][:MAX_DEPTH_LABEL], 1):
             self.drafted.labels(*labels, str(depth)).inc(count)
@@ -140,6 +157,11 @@ class Metrics:
         self.replica_ongoing.labels(base_model, replica).set(stats.get("ongoing", 0))
         self.replica_cancelled.labels(base_model, replica).set(stats.get("cancelled", 0))
         self.pool_sync_degraded.labels(replica).set(0 if stats.get("pool_sync_ok", True) else 1)
+        for figure in BATCH_FIGURES:
+            value = stats.get(f"batch_{figure}")
+            self.replica_batch.labels(base_model, replica, figure).set(
+                -1 if value is None else value
+            )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

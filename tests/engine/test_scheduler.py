@@ -165,3 +165,97 @@ def test_batched_rows_equal_each_request_alone(engine, seed, cost):
     assert scheduler.active() == 0 and scheduler.kv.rows == 0 and scheduler.reserved == 0
     if cost is _linear_cost:
         assert scheduler.last_cap == 0
+
+
+def _start(engine, n_prompt=8, max_new=6, strategy="ar", adapter=None, seed=0):
+    prompt = _prompt(random.Random(seed), n_prompt)
+    return engine.start(prompt, SamplingParams(max_new_tokens=max_new), strategy, None, None, adapter)
+
+
+def _sink(log: list, name: str):
+    return lambda result, finished: log.append((name, result, finished))
+
+
+def test_queue_bounds_refuse_at_once(engine):
+    scheduler = Scheduler(engine, BatchSettings(max_batch=1, max_queue=3, max_queue_per_tenant=2))
+    log: list = []
+    for i in range(2):
+        scheduler.submit(_start(engine), "a", True, _sink(log, f"a{i}"))
+    with pytest.raises(QueueFull, match="for a"):
+        scheduler.submit(_start(engine), "a", True, _sink(log, "a2"))
+    scheduler.submit(_start(engine), "b", True, _sink(log, "b0"))
+    with pytest.raises(QueueFull, match="3 requests waiting"):
+        scheduler.submit(_start(engine), "c", True, _sink(log, "c0"))
+    with pytest.raises(ValueError, match="KV positions"):
+        Scheduler(engine, BatchSettings(kv_tokens=50)).submit(
+            _start(engine, max_new=40), "a", True, _sink(log, "big")
+        )
+
+
+def test_kv_budget_makes_requests_wait_and_memory_stays_bounded(engine):
+    settings = BatchSettings(max_batch=8, kv_tokens=2 * (8 + 6 + 4), draft_reserve=4)
+    scheduler = Scheduler(engine, settings)
+    log: list = []
+    for i in range(5):
+        scheduler.submit(_start(engine, seed=i), f"t{i}", True, _sink(log, str(i)))
+    peak = 0
+    while scheduler.active():
+        scheduler.step()
+        peak = max(peak, len(scheduler.prefilling) + len(scheduler.decoding))
+        assert scheduler.reserved <= settings.kv_tokens
+    assert peak == 2 and sum(1 for _, _, done in log if done) == 5
+
+
+def test_one_tenants_burst_does_not_starve_another(engine):
+    """Admission is round-robin over tenants: b's single request is admitted right after the
+    first of a's ten, not after all of them."""
+    scheduler = Scheduler(engine, BatchSettings(max_batch=2))
+    log: list = []
+    for i in range(10):
+        scheduler.submit(_start(engine, seed=i), "a", True, _sink(log, f"a{i}"))
+    scheduler.submit(_start(engine, seed=99), "b", True, _sink(log, "b"))
+    while scheduler.active():
+        scheduler.step()
+    finished = [name for name, _, done in log if done]
+    assert finished.index("b") <= 2
+
+
+def test_cancelled_row_leaves_the_batch_at_the_next_step(engine):
+    scheduler = Scheduler(engine, BatchSettings(max_batch=4))
+    log: list = []
+    tickets = [
+        scheduler.submit(_start(engine, seed=i, max_new=50), "t", True, _sink(log, str(i)))
+        for i in range(3)
+    ]
+    while len(scheduler.decoding) < 3:
+        scheduler.step()
+    columns = scheduler.kv.columns
+    scheduler.cancel(tickets[1])
+    scheduler.step()
+    assert [t.id for t in scheduler.decoding] == [tickets[0].id, tickets[2].id]
+    assert scheduler.kv.rows == 2 and ("1", None, True) in log
+    assert scheduler.reserved == 2 * tickets[0].reserve and scheduler.kv.columns <= columns + 2
+
+
+def test_loop_thread_serves_submissions_and_calls(engine):
+    scheduler = Scheduler(engine).start()
+    try:
+        done = __import__("threading").Event()
+        ids: list[int] = []
+
+        def sink(result, finished):
+            if result is not None:
+                ids.extend(result.new_ids)
+            if finished:
+                done.set()
+
+        state = _start(engine, max_new=9)
+        assert scheduler.call(lambda: 41 + 1).result(timeout=10) == 42
+        scheduler.submit(state, "t", True, sink)
+        assert done.wait(timeout=60)
+        req = {"prompt": state.tokens[: state.prompt_len], "strategy": "ar", "adapter": None,
+               "max_new": 9, "temperature": 0.0, "seed": 0}
+        assert ids == _alone(engine, req)
+    finally:
+        scheduler.stop()
+    assert not scheduler.running

@@ -40,3 +40,14 @@ def test_separate_instances_do_not_share_state():
     a, b = Metrics(), Metrics()
     a.observe_error("chat", 404, "model_not_found")
     assert "model_not_found" in a.render().decode() and "model_not_found" not in b.render().decode()
+
+
+def test_replica_batch_figures_render():
+    m = Metrics()
+    stats = {"batch_waiting": 3, "batch_decoding": 16, "batch_prefilling": 1,
+             "batch_kv_reserved_tokens": 5000, "batch_draft_cap": None}
+    m.observe_replica("smol", "r1", stats)
+    text = m.render().decode()
+    assert 'specserve_replica_batch{base_model="smol",figure="decoding",replica="r1"} 16.0' in text
+    assert 'specserve_replica_batch{base_model="smol",figure="waiting",replica="r1"} 3.0' in text
+    assert 'specserve_replica_batch{base_model="smol",figure="draft_cap",replica="r1"} -1.0' in text

@@ -14,7 +14,8 @@ from specserve.adapters.variants import PoolBook
 from specserve.engine.decode import Engine
 from specserve.engine.models import LoadedModel
 from specserve.engine.sampling import SamplingParams
-from specserve.platform.service import GenerateRequest, ModelService, Target
+from specserve.engine.batch_settings import BatchSettings
+from specserve.platform.service import GenerateRequest, ModelService, Overloaded, Target
 from specserve.policies.settings import PolicySettings
 
 
@@ -38,7 +39,9 @@ def service(tiny_llama, adapter_root):
     base = copy.deepcopy(tiny_llama(1, init_range=0.1))
     loaded = LoadedModel(base, WordTokenizer(), "tiny", None, None, frozenset())
     adapters = ResidentAdapters(base, ["tiny-llama"], AdapterLimits(root=adapter_root))
-    return ModelService(loaded, adapters, PoolBook(), PolicySettings(), clock=lambda: 1e6)
+    service = ModelService(loaded, adapters, PoolBook(), PolicySettings(), clock=lambda: 1e6)
+    yield service
+    service.stop()
 
 
 def _run(service, request):
@@ -200,3 +203,97 @@ def test_drafter_of_another_version_is_refused_and_lookahead_serves(
     decision, _, drafter = service.choose(_request(target))
     assert decision.strategy == "lookahead" and drafter is None
     assert "refused" in decision.reason and "adapter differs" in decision.reason
+
+
+def _prompt_ids() -> list[int]:
+    return [int(w[1:]) for w in PROMPT.split()]
+
+
+def test_concurrent_variants_share_one_batch_and_each_equals_its_merged_model(
+    service, make_adapter, merge_adapter, tiny_llama
+):
+    """Requests of three variants and the base run as rows of the same forwards, and each
+    streams exactly what its own merged model decodes alone (greedy, fp32)."""
+    base = tiny_llama(1, init_range=0.1)
+    paths = {f"v{i}": make_adapter(f"v{i}", base, seed=10 + i) for i in range(3)}
+    widths: list[int] = []
+    decode = service.scheduler._decode
+    service.scheduler._decode = lambda: (widths.append(len(service.scheduler.decoding)), decode())
+
+    async def all_of_them():
+        async def one(name, strategy):
+            target = Target() if name is None else Target(
+                name=name, version=1, adapter_path=str(paths[name]), version_times=[1e6 - 10]
+            )
+            events = [e async for e in service.generate(_request(target, strategy, max_new=24))]
+            return name, "".join(e["text"] for e in events[:-1])
+
+        jobs = [("v0", "ar"), ("v1", "lookahead"), ("v2", "prompt_lookup"), (None, "lookahead"),
+                ("v0", "lookahead"), ("v2", "ar")]
+        return await asyncio.gather(*(one(n, s) for n, s in jobs))
+
+    results = asyncio.run(all_of_them())
+    for name, text in results:
+        model = base if name is None else merge_adapter(base, paths[name])
+        expected = Engine(model, WordTokenizer(), frozenset()).generate(
+            _prompt_ids(), SamplingParams(max_new_tokens=24)
+        )
+        assert text == expected.text, name
+    assert max(widths) >= 4 and service.ongoing == 0 and service.scheduler.active() == 0
+
+
+def test_overload_is_refused_fast_and_admitted_requests_complete(tiny_llama, adapter_root):
+    """With room for one request decoding and one waiting, a burst of 8 gets 6 Overloaded
+    answers, each within 100 ms; the 2 admitted ones finish."""
+    base = copy.deepcopy(tiny_llama(1, init_range=0.1))
+    loaded = LoadedModel(base, WordTokenizer(), "tiny", None, None, frozenset())
+    adapters = ResidentAdapters(base, ["tiny-llama"], AdapterLimits(root=adapter_root))
+    service = ModelService(
+        loaded, adapters, PoolBook(), PolicySettings(), clock=lambda: 1e6,
+        batch=BatchSettings(max_batch=1, max_queue=1, max_queue_per_tenant=1),
+    )
+
+    async def burst():
+        async def one():
+            start = time.perf_counter()
+            try:
+                events = [e async for e in service.generate(_request(strategy="ar", max_new=40))]
+                return "ok", events[-1]["usage"]["completion_tokens"], 0.0
+            except Overloaded:
+                return "overloaded", 0, time.perf_counter() - start
+
+        return await asyncio.gather(*(one() for _ in range(8)))
+
+    try:
+        results = asyncio.run(burst())
+    finally:
+        service.stop()
+    assert sorted(r[0] for r in results) == ["ok"] * 2 + ["overloaded"] * 6
+    assert all(r[1] == 40 for r in results if r[0] == "ok")
+    assert max(r[2] for r in results) < 0.1
+    assert service.ongoing == 0 and service.scheduler.active() == 0
+
+
+def test_twenty_streams_cut_early_leave_the_batch_within_a_step(service):
+    """20 streams read 2 deltas each, then the clients go away: their rows leave at the next
+    step, and the replica's active count returns to zero."""
+
+    async def cut():
+        streams = [service.generate(_request(strategy="ar", max_new=200)) for _ in range(20)]
+        for agen in streams:
+            await agen.__anext__()
+        for agen in streams:
+            await agen.__anext__()
+        assert service.ongoing == 20
+        steps = service.scheduler.steps
+        for agen in streams:
+            await agen.aclose()
+        deadline = time.perf_counter() + 10
+        while service.scheduler.active() and time.perf_counter() < deadline:
+            await asyncio.sleep(0.01)
+        return service.scheduler.steps - steps
+
+    steps_after = asyncio.run(cut())
+    assert service.scheduler.active() == 0 and service.ongoing == 0 and service.cancelled == 20
+    assert service.scheduler.kv.rows == 0 and service.scheduler.reserved == 0
+    assert steps_after <= 2
