@@ -18,7 +18,7 @@ class BatchKV:
 
     def __init__(self, config) -> None:
         self.config = config
-        self.cache = hf_internals.new_cache(config)
+        self.cache = hf_internals.new_batch_cache(config)
         with torch.inference_mode():  # every update happens in inference mode (see the methods)
             self.visible = torch.zeros(0, 0, dtype=torch.bool)  # [rows, columns]
         self._last_q = 0  # columns the last forward appended
@@ -39,7 +39,7 @@ class BatchKV:
     def add(self, row_cache, length: int) -> int:
         """Append a request's own cache (its first `length` positions) as a new row; its index."""
         if self.rows == 0:
-            self.cache = hf_internals.new_cache(self.config)
+            self.cache = hf_internals.new_batch_cache(self.config)
         hf_internals.append_row(self.cache, row_cache, length)
         width = max(self.columns, length)
         visible = torch.zeros(self.rows + 1, width, dtype=torch.bool)
@@ -65,7 +65,7 @@ class BatchKV:
     def compact(self, keep_rows: list[int]) -> None:
         """Keep only `keep_rows` (in this order), each row's visible columns packed to the left."""
         if not keep_rows:
-            self.cache = hf_internals.new_cache(self.config)
+            self.cache = hf_internals.new_batch_cache(self.config)
             self.visible = torch.zeros(0, 0, dtype=torch.bool)
             return
         visible = self.visible[keep_rows]  # [rows', columns]

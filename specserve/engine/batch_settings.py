@@ -17,5 +17,7 @@ class BatchSettings(BaseModel):
     kv_tokens: int = Field(
         65536, ge=1, description="KV positions reserved by admitted requests (prompt + output)"
     )
-    prefill_chunk: int = Field(256, ge=1, description="prompt tokens per prefill forward")
+    prefill_chunk: int = Field(
+        256, ge=1, description="prompt tokens prefilled per step, over all new requests"
+    )
     draft_reserve: int = Field(64, ge=0, description="KV positions reserved for a draft")

@@ -11,6 +11,7 @@ import inspect
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 
 def new_cache(config) -> DynamicCache:
@@ -55,6 +56,71 @@ def keep_rows(cache: DynamicCache, start: int, rows: list[int]) -> None:
         cache.crop(-drop)
 
 
+class GrowingLayer(DynamicLayer):
+    """A DynamicLayer whose `update` writes into spare capacity instead of concatenating, so a
+    step over a long batch cache does not copy all of it. `keys` / `values` are views of the
+    used part; assigning them (as `append_row` / `gather_rows` do) replaces the buffers."""
+
+    def __init__(self) -> None:
+        self._k = self._v = None  # [b, h, capacity, d]
+        self._used = 0
+        super().__init__()
+
+    @property
+    def keys(self):
+        return None if self._k is None else self._k[:, :, : self._used]
+
+    @keys.setter
+    def keys(self, value) -> None:
+        self._k = value
+        self._used = 0 if value is None or value.dim() < 4 else value.shape[2]
+
+    @property
+    def values(self):
+        return None if self._v is None else self._v[:, :, : self._used]
+
+    @values.setter
+    def values(self, value) -> None:
+        self._v = value
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        q = key_states.shape[2]
+        if self._k is None or self._k.dim() < 4:
+            self._k, self._v, self._used = key_states.new_zeros(0), value_states.new_zeros(0), 0
+            self._grow(key_states, value_states, q)
+        elif self._used + q > self._k.shape[2]:
+            self._grow(key_states, value_states, q)
+        end = self._used + q
+        self._k[:, :, self._used : end] = key_states
+        self._v[:, :, self._used : end] = value_states
+        self._used = end
+        return self.keys, self.values
+
+    def _grow(self, key_states, value_states, q: int) -> None:
+        """Reallocate with room for half as much again (and 64 more) and copy the used part."""
+        b, h, _, d = key_states.shape
+        capacity = (self._used + q) * 3 // 2 + 64
+        k = key_states.new_zeros(b, h, capacity, d)
+        v = value_states.new_zeros(b, h, capacity, value_states.shape[3])
+        if self._used:
+            k[:, :, : self._used] = self._k[:, :, : self._used]
+            v[:, :, : self._used] = self._v[:, :, : self._used]
+        self._k, self._v = k, v
+
+
+def new_batch_cache(config) -> DynamicCache:
+    """A cache for a decode batch: full-attention layers append in place (`GrowingLayer`)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
 @torch.inference_mode()
 def append_row(cache: DynamicCache, row_cache: DynamicCache, length: int) -> None:
     """Add `row_cache`'s first `length` positions as a new batch row of `cache` (batch 1 there).
@@ -69,8 +135,9 @@ def append_row(cache: DynamicCache, row_cache: DynamicCache, length: int) -> Non
             layer.keys, layer.values = keys.clone(), values.clone()
             continue
         width = max(layer.keys.shape[2], length)
-        layer.keys = torch.cat([_pad_to(layer.keys, width), _pad_to(keys, width)], dim=0)
-        layer.values = torch.cat([_pad_to(layer.values, width), _pad_to(values, width)], dim=0)
+        new_keys = torch.cat([_pad_to(layer.keys, width), _pad_to(keys, width)], dim=0)
+        new_values = torch.cat([_pad_to(layer.values, width), _pad_to(values, width)], dim=0)
+        layer.keys, layer.values = new_keys, new_values
 
 
 def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -93,8 +160,9 @@ def gather_rows(cache: DynamicCache, rows: torch.Tensor, columns: torch.Tensor) 
         r, c = rows.to(device), columns.to(device)
         _, heads, _, dim = layer.keys.shape
         index = c[:, None, :, None].expand(len(r), heads, c.shape[1], dim)
-        layer.keys = torch.gather(layer.keys[r], 2, index)
-        layer.values = torch.gather(layer.values[r], 2, index)
+        new_keys = torch.gather(layer.keys[r], 2, index)
+        new_values = torch.gather(layer.values[r], 2, index)
+        layer.keys, layer.values = new_keys, new_values  # both read before either is replaced
 
 
 def strip_quantizer(model) -> None:

@@ -1,7 +1,7 @@
 """Continuous batching: one loop steps every admitted request of one model together.
 
 Each iteration drops cancelled requests, admits waiting ones (round-robin over tenants, within
-the batch and KV-token budgets), runs one bounded prefill chunk, then one forward over every
+the batch and KV-token budgets), prefills within a token budget, then one forward over every
 decoding row (mixed adapters and strategies; drafts cut by load for load-aware rows) and commits
 each row on its own. Events go to each request's sink; `run` drives it on a thread.
 """
@@ -14,6 +14,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+
+import torch
 
 from specserve.engine import hf_internals
 from specserve.engine.batch_cache import BatchKV
@@ -69,6 +71,7 @@ class Scheduler:
         self._calls: deque[tuple[Callable[[], object], Future]] = deque()
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._threads = torch.get_num_threads()  # the creator's intra-op threads, for the loop
 
     # --- called from any thread ---
 
@@ -147,6 +150,9 @@ class Scheduler:
             self._thread.join(timeout=30)
 
     def run(self) -> None:
+        # OpenMP's thread count is per thread: a new thread starts from OMP_NUM_THREADS (Ray sets
+        # it to the actor's num_cpus), not from the creator's torch.set_num_threads
+        torch.set_num_threads(self._threads)
         while True:
             with self._lock:
                 while not self._stop and not self._calls and not self._has_work():
@@ -167,7 +173,7 @@ class Scheduler:
             self._decode()
             worked = True
         if self.prefilling:
-            self._prefill(self.prefilling[0])
+            self._prefill()
             worked = True
         self.steps += worked
         return worked
@@ -213,20 +219,26 @@ class Scheduler:
                 self.reserved += ticket.reserve
                 self.prefilling.append(ticket)
 
-    def _prefill(self, ticket: Ticket) -> None:
-        state = ticket.state
-        if len(state.pending) > self.settings.prefill_chunk:
-            self.engine.prefill_chunk(state, self.settings.prefill_chunk)
-            return
-        step = self.engine.step(state)  # the last chunk verifies the first draft as well
-        self.prefilling.popleft()
-        ticket.sink(step, False)
-        if state.done:
-            self._release(ticket)
-            return
-        ticket.row = self.kv.add(state.cache, hf_internals.cache_length(state.cache))
-        state.cache = None  # the batch cache holds its positions now
-        self.decoding.append(ticket)
+    def _prefill(self) -> None:
+        """Prefill admitted requests, oldest first, up to `prefill_chunk` prompt tokens in all
+        (the bound on how long running decodes wait); a longer prompt goes in chunks."""
+        budget = self.settings.prefill_chunk
+        while self.prefilling and budget > 0:
+            ticket = self.prefilling[0]
+            state = ticket.state
+            if len(state.pending) > budget:
+                self.engine.prefill_chunk(state, budget)
+                return
+            budget -= len(state.pending)
+            step = self.engine.step(state)  # the last chunk verifies the first draft as well
+            self.prefilling.popleft()
+            ticket.sink(step, False)
+            if state.done:
+                self._release(ticket)
+                continue
+            ticket.row = self.kv.add(state.cache, hf_internals.cache_length(state.cache))
+            state.cache = None  # the batch cache holds its positions now
+            self.decoding.append(ticket)
 
     def _decode(self) -> None:
         states = [t.state for t in self.decoding]

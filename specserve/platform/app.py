@@ -65,7 +65,10 @@ class ModelServer:
         from specserve.platform.service import ModelService
         from specserve.policies.settings import PolicySettings
 
+        import torch
+
         settings = PlatformSettings.from_args(args)
+        torch.set_num_threads(settings.resolved_torch_threads())
         source = settings.model_dirs.get(model_id, model_id)
         loaded = load_model(
             str(source), device=settings.device, dtype=settings.dtype, cache_dir=settings.cache_dir

@@ -62,6 +62,13 @@ class PlatformSettings(BaseModel):
     device: str | None = None
     dtype: str | None = None
     batch: BatchSettings = Field(BatchSettings(), description="each replica's engine loop limits")
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        description="intra-op threads of a model server; None: every core this process may use "
+        "(Ray would otherwise pin OMP_NUM_THREADS to the actor's num_cpus, and batched forwards "
+        "need the cores)",
+    )
     # from the environment only
     admin_token: SecretStr | None = None
     tenant_keys: TenantKeys = TenantKeys()
@@ -97,6 +104,11 @@ class PlatformSettings(BaseModel):
             cache_dir=env.get("SPECSERVE_CACHE") or None,
         )
         return cls.model_validate(values)
+
+    def resolved_torch_threads(self) -> int:
+        if self.torch_threads is not None:
+            return self.torch_threads
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
     def resolved_policy_file(self) -> Path:
         return self.policy_file if self.policy_file.is_absolute() else REPO_ROOT / self.policy_file

@@ -232,3 +232,119 @@ def test_backbone_accessors_see_through_a_peft_wrapper(tiny_llama):
     wrapped = peft.get_peft_model(base, peft.LoraConfig(r=2, target_modules=["q_proj"]))
     assert hf_internals.final_norm(wrapped) is norm
     assert type(hf_internals.decoder_layer(wrapped)) is type(base.model.layers[0])
+
+
+# --- batch rows: append_row / gather_rows ----------------------------------------------------
+
+
+def test_append_row_to_an_empty_cache_copies_the_first_positions(model):
+    """Appending to a fresh cache gives a 1-row cache with exactly the row's first `length`
+    positions, not a view of the row's own tensors."""
+    src = _filled(model, [5, 9, 2, 77, 3, 8])
+    cache = hf_internals.new_cache(model.config)
+    hf_internals.append_row(cache, src, 4)
+    assert hf_internals.cache_length(cache) == 4
+    for layer, s in zip(cache.layers, src.layers, strict=True):
+        assert layer.keys.shape == (1, s.keys.shape[1], 4, s.keys.shape[3])
+        assert torch.equal(layer.keys, s.keys[:, :, :4])
+        assert torch.equal(layer.values, s.values[:, :, :4])
+        assert layer.keys.data_ptr() != s.keys.data_ptr()
+        assert layer.values.data_ptr() != s.values.data_ptr()
+
+
+def test_append_row_pads_with_zeros_and_keeps_existing_rows(model):
+    """Docstring example: [2 rows, 5 positions] + a row of 7 -> [3 rows, 7 positions]; a shorter
+    row is zero-padded on the right, earlier rows stay bit-identical with zeros after them."""
+    a = _filled(model, [1, 2, 3, 4, 5])
+    b = _filled(model, [9, 8, 7, 6])
+    c = _filled(model, [40, 41, 42, 43, 44, 45, 46, 47])
+    cache = hf_internals.new_cache(model.config)
+    hf_internals.append_row(cache, a, 5)
+    hf_internals.append_row(cache, b, 3)  # shorter than the batch: padded to 5
+    assert hf_internals.cache_length(cache) == 5
+    for layer, sa, sb in zip(cache.layers, a.layers, b.layers, strict=True):
+        assert layer.keys.shape[:3] == (2, sa.keys.shape[1], 5)
+        assert torch.equal(layer.keys[0], sa.keys[0])
+        assert torch.equal(layer.values[0], sa.values[0])
+        assert torch.equal(layer.keys[1, :, :3], sb.keys[0, :, :3])
+        assert torch.equal(layer.values[1, :, :3], sb.values[0, :, :3])
+        assert not layer.keys[1, :, 3:].any() and not layer.values[1, :, 3:].any()
+    before = _kv(cache)
+    hf_internals.append_row(cache, c, 7)  # longer than the batch: everyone padded to 7
+    assert hf_internals.cache_length(cache) == 7
+    for layer, (k0, v0), sc in zip(cache.layers, before, c.layers, strict=True):
+        assert layer.keys.shape[:3] == (3, k0.shape[1], 7)
+        assert layer.values.shape == layer.keys.shape
+        assert torch.equal(layer.keys[:2, :, :5], k0)
+        assert torch.equal(layer.values[:2, :, :5], v0)
+        assert not layer.keys[:2, :, 5:].any() and not layer.values[:2, :, 5:].any()
+        assert torch.equal(layer.keys[2], sc.keys[0, :, :7])
+        assert torch.equal(layer.values[2], sc.values[0, :, :7])
+        assert layer.keys.dtype == sc.keys.dtype
+
+
+def _three_row_cache(model):
+    cache = hf_internals.new_cache(model.config)
+    for tokens in ([1, 2, 3, 4], [11, 12, 13, 14, 15], [21, 22, 23, 24, 25, 26]):
+        hf_internals.append_row(cache, _filled(model, tokens), len(tokens))
+    return cache
+
+
+def test_gather_rows_docstring_example(model):
+    """rows [2, 0], columns [[0, 3], [1, 1]]: old row 2's positions 0, 3, then old row 0's
+    position 1 twice, equal to manual indexing of the old tensors."""
+    cache = _three_row_cache(model)
+    before = _kv(cache)
+    hf_internals.gather_rows(cache, torch.tensor([2, 0]), torch.tensor([[0, 3], [1, 1]]))
+    assert hf_internals.cache_length(cache) == 2
+    for layer, (k0, v0) in zip(cache.layers, before, strict=True):
+        assert layer.keys.shape == (2, k0.shape[1], 2, k0.shape[3])
+        for new, old in ((layer.keys, k0), (layer.values, v0)):
+            assert torch.equal(new[0, :, 0], old[2, :, 0])
+            assert torch.equal(new[0, :, 1], old[2, :, 3])
+            assert torch.equal(new[1, :, 0], old[0, :, 1])
+            assert torch.equal(new[1, :, 1], old[0, :, 1])
+        assert not torch.equal(layer.keys[0, :, 0], layer.keys[1, :, 0])  # rows really differ
+
+
+def test_gather_rows_matches_fancy_indexing(model):
+    """Any rows / columns: new[i, :, j] == old[rows[i], :, columns[i, j]] for keys and values."""
+    cache = _three_row_cache(model)
+    before = _kv(cache)
+    rows = torch.tensor([1, 2, 1])
+    columns = torch.tensor([[4, 0, 2, 2], [5, 5, 1, 0], [0, 1, 2, 3]])
+    hf_internals.gather_rows(cache, rows, columns)
+    assert hf_internals.cache_length(cache) == 4
+    for layer, (k0, v0) in zip(cache.layers, before, strict=True):
+        for new, old in ((layer.keys, k0), (layer.values, v0)):
+            expected = torch.stack(
+                [old[r][:, c] for r, c in zip(rows.tolist(), columns.tolist(), strict=True)]
+            )
+            assert torch.equal(new, expected)
+
+
+def test_gather_rows_on_an_empty_cache_is_a_no_op(model):
+    """A fresh cache has nothing to gather and stays empty."""
+    cache = hf_internals.new_cache(model.config)
+    hf_internals.gather_rows(cache, torch.tensor([0]), torch.zeros(1, 0, dtype=torch.long))
+    assert hf_internals.cache_length(cache) == 0
+
+
+def test_growing_layer_cache_matches_dynamic_cache_and_grows_geometrically(tiny_llama):
+    """A batch cache of GrowingLayers gives the model the same keys/values as DynamicCache
+    over many steps, while reallocating only when its spare capacity runs out."""
+    model = tiny_llama(0)
+    ids = torch.randint(0, 96, (3, 40))
+    plain, growing = hf_internals.new_cache(model.config), hf_internals.new_batch_cache(model.config)
+    assert all(type(layer) is hf_internals.GrowingLayer for layer in growing.layers)
+    reallocations, last = 0, None
+    for start in range(0, 40, 4):
+        chunk = ids[:, start : start + 4]
+        a = model(input_ids=chunk, **hf_internals.cache_kwargs(model, plain), use_cache=True)
+        b = model(input_ids=chunk, **hf_internals.cache_kwargs(model, growing), use_cache=True)
+        torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=0)
+        buffer = growing.layers[0]._k.data_ptr()
+        reallocations += buffer != last
+        last = buffer
+    assert hf_internals.cache_length(growing) == 40 and reallocations <= 2
+    torch.testing.assert_close(growing.layers[1].keys, plain.layers[1].keys, rtol=0, atol=0)

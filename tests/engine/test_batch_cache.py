@@ -1,0 +1,194 @@
+"""specserve.engine.batch_cache.BatchKV: rows of different lengths in one cache, visible columns,
+and compaction that keeps every row's held key/value vectors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specserve.engine import hf_internals
+from specserve.engine.batch_cache import BatchKV
+
+
+@torch.inference_mode()
+def _filled(model, tokens: list[int]):
+    """A request's own cache holding `tokens` (plain causal forward)."""
+    cache = hf_internals.new_cache(model.config)
+    model(
+        input_ids=torch.tensor([tokens]),
+        **hf_internals.cache_kwargs(model, cache),
+        use_cache=True,
+    )
+    return cache
+
+
+@torch.inference_mode()
+def _forward(kv: BatchKV, q: int, seed: int) -> None:
+    """Stand-in for a batch forward: append q random columns to every row of every layer."""
+    g = torch.Generator().manual_seed(seed)
+    for i, layer in enumerate(kv.cache.layers):
+        b, h, _, d = layer.keys.shape
+        kv.cache.update(
+            torch.randn(b, h, q, d, generator=g), torch.randn(b, h, q, d, generator=g), i
+        )
+    kv.grow(q)
+
+
+def _snapshot(kv: BatchKV):
+    return [(layer.keys.clone(), layer.values.clone()) for layer in kv.cache.layers]
+
+
+def _assert_rows_hold(kv: BatchKV, held: list[list[int]], snapshot, old_rows: list[int]):
+    """Row i of kv holds, left-packed, old row old_rows[i]'s columns held[old_rows[i]]."""
+    assert kv.rows == len(old_rows)
+    assert kv.lengths() == [len(held[r]) for r in old_rows]
+    for (k0, v0), layer in zip(snapshot, kv.cache.layers, strict=True):
+        for i, r in enumerate(old_rows):
+            cols = torch.tensor(held[r], dtype=torch.long)
+            n = len(held[r])
+            assert torch.equal(layer.keys[i, :, :n], k0[r][:, cols])
+            assert torch.equal(layer.values[i, :, :n], v0[r][:, cols])
+            assert kv.visible[i, :n].all() and not kv.visible[i, n:].any()
+
+
+def test_fresh_batch_is_empty(model):
+    """A new BatchKV has no rows, no columns, no lengths and nothing wasted."""
+    kv = BatchKV(model.config)
+    assert kv.rows == 0 and kv.columns == 0
+    assert kv.lengths() == [] and kv.wasted() == 0.0
+    assert hf_internals.cache_length(kv.cache) == 0
+
+
+def test_add_rows_of_different_lengths(model):
+    """Each add returns the next index; visible marks each row's own prefix; the cache is as
+    wide as the longest row and holds each request's first `length` positions."""
+    kv = BatchKV(model.config)
+    sources = [
+        _filled(model, [1, 2, 3, 4, 5, 6]),
+        _filled(model, list(range(20, 27))),
+        _filled(model, [9, 9]),
+    ]
+    assert kv.add(sources[0], 4) == 0  # only the first 4 of its 6 positions
+    assert kv.add(sources[1], 7) == 1
+    assert kv.add(sources[2], 2) == 2
+    assert (kv.rows, kv.columns) == (3, 7)
+    assert kv.lengths() == [4, 7, 2]
+    expected = torch.zeros(3, 7, dtype=torch.bool)
+    expected[0, :4] = expected[1, :7] = expected[2, :2] = True
+    assert torch.equal(kv.visible, expected)
+    assert kv.wasted() == pytest.approx(0.0)
+    assert hf_internals.cache_length(kv.cache) == 7
+    for layer, *src in zip(kv.cache.layers, *(s.layers for s in sources), strict=True):
+        for row, (s, n) in enumerate(zip(src, (4, 7, 2), strict=True)):
+            assert torch.equal(layer.keys[row, :, :n], s.keys[0, :, :n])
+            assert torch.equal(layer.values[row, :, :n], s.values[0, :, :n])
+
+
+def test_grow_hides_new_columns_until_keep(model):
+    """grow adds hidden columns (wasted rises); keep marks columns of the last forward only,
+    counted from that forward's first query row."""
+    kv = BatchKV(model.config)
+    kv.add(_filled(model, [1, 2, 3, 4]), 4)
+    kv.add(_filled(model, [5, 6]), 2)
+    _forward(kv, 3, seed=0)
+    assert (kv.rows, kv.columns) == (2, 7)
+    assert hf_internals.cache_length(kv.cache) == 7
+    assert kv.lengths() == [4, 2]
+    assert kv.wasted() == pytest.approx(1 - 4 / 7)
+    kv.keep(0, [0, 2])
+    kv.keep(1, [1])
+    assert kv.lengths() == [6, 3]
+    assert kv.visible[0].tolist() == [True] * 4 + [True, False, True]
+    assert kv.visible[1].tolist() == [True, True, False, False, False, True, False]
+    assert kv.wasted() == pytest.approx(1 - 6 / 7)
+    _forward(kv, 2, seed=1)  # a second forward: keep counts from its first column (7)
+    kv.keep(1, [0])
+    assert kv.visible[1, 7] and not kv.visible[1, 8] and not kv.visible[0, 7:].any()
+    assert kv.lengths() == [6, 4]
+    assert kv.wasted() == pytest.approx(1 - 6 / 9)
+
+
+def _busy_batch(model):
+    """Four rows of different lengths after two forwards with scattered keeps, a row added in
+    between; returns the BatchKV and each row's held columns as tracked independently here."""
+    kv = BatchKV(model.config)
+    held: list[list[int]] = []
+    for tokens in ([1, 2, 3], [4, 5, 6, 7, 8], [9, 10]):
+        kv.add(_filled(model, tokens), len(tokens))
+        held.append(list(range(len(tokens))))
+    _forward(kv, 4, seed=2)  # columns 5..8
+    for row, keep in ((0, [0, 1]), (1, [0, 3]), (2, [])):
+        kv.keep(row, keep)
+        held[row] += [5 + c for c in keep]
+    kv.add(_filled(model, [30, 31, 32, 33]), 4)  # joins after the forward: columns 0..3
+    held.append([0, 1, 2, 3])
+    _forward(kv, 3, seed=3)  # columns 9..11
+    for row, keep in ((0, [2]), (1, [0, 1, 2]), (2, [1]), (3, [0])):
+        kv.keep(row, keep)
+        held[row] += [9 + c for c in keep]
+    return kv, held
+
+
+def test_busy_batch_tracks_visible_and_lengths(model):
+    """visible and lengths() match the columns each row was given, and wasted() the rest."""
+    kv, held = _busy_batch(model)
+    assert kv.columns == 12
+    for row, cols in enumerate(held):
+        assert kv.visible[row].nonzero().flatten().tolist() == cols
+    assert kv.lengths() == [len(c) for c in held] == [6, 10, 3, 5]
+    assert kv.wasted() == pytest.approx(1 - 10 / 12)
+
+
+@pytest.mark.parametrize(
+    "keep_rows",
+    [[0, 1, 2, 3], [0, 2, 3], [3, 1], [2], [1, 0, 3, 2]],
+    ids=["all", "drop-middle", "reorder", "one", "permute"],
+)
+def test_compact_keeps_each_rows_vectors(model, keep_rows):
+    """After compact(keep_rows) row i holds, packed left and in order, exactly the key/value
+    vectors old row keep_rows[i] attended before; nothing is wasted any more."""
+    kv, held = _busy_batch(model)
+    snapshot = _snapshot(kv)
+    kv.compact(keep_rows)
+    width = max(len(held[r]) for r in keep_rows)
+    assert kv.columns == width == hf_internals.cache_length(kv.cache)
+    _assert_rows_hold(kv, held, snapshot, keep_rows)
+    assert kv.wasted() == pytest.approx(0.0)
+
+
+def test_compact_then_continue_then_compact_again(model):
+    """A compacted batch keeps working: a new forward, keeps, an added row and a second
+    compaction still leave every row holding its own vectors."""
+    kv, held = _busy_batch(model)
+    snap = _snapshot(kv)
+    kv.compact([0, 2, 3])  # the middle-long row 1 leaves
+    _assert_rows_hold(kv, held, snap, [0, 2, 3])
+    held = [list(range(len(held[r]))) for r in (0, 2, 3)]  # new column numbering
+    _forward(kv, 2, seed=4)  # columns 6..7
+    kv.keep(0, [1])
+    kv.keep(2, [0, 1])
+    held[0].append(7)
+    held[2] += [6, 7]
+    assert kv.add(_filled(model, [50, 51, 52, 53, 54, 55, 56, 57, 58]), 9) == 3  # widens to 9
+    held.append(list(range(9)))
+    assert kv.columns == 9
+    assert kv.lengths() == [len(c) for c in held]
+    snap = _snapshot(kv)
+    kv.compact([3, 1, 0])
+    _assert_rows_hold(kv, held, snap, [3, 1, 0])
+
+
+def test_compact_to_zero_rows_then_reuse(model):
+    """compact([]) empties the batch (no rows, columns or cache); a later add starts afresh."""
+    kv, _ = _busy_batch(model)
+    kv.compact([])
+    assert (kv.rows, kv.columns) == (0, 0)
+    assert kv.lengths() == [] and kv.wasted() == 0.0
+    assert hf_internals.cache_length(kv.cache) == 0
+    src = _filled(model, [7, 8, 9])
+    assert kv.add(src, 3) == 0
+    assert (kv.rows, kv.columns) == (1, 3)
+    for layer, s in zip(kv.cache.layers, src.layers, strict=True):
+        assert layer.keys.shape[0] == 1
+        assert torch.equal(layer.keys, s.keys[:, :, :3])
+        assert torch.equal(layer.values, s.values[:, :, :3])
