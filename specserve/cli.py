@@ -394,11 +394,9 @@ def cmd_loadtest(args) -> int:
                     f"variant {name} is not registered: pass --adapter DIR to register it"
                 )
             client.register(name, args.model, str(Path(args.adapter).resolve()), {})
-    prompts = [
-        row["turns"][0]
-        for row in map(json.loads, args.data.read_text().splitlines())
-        if row.get("turns")
-    ]
+    prompts = loadtest.interleave_tasks(
+        [row for row in map(json.loads, args.data.read_text().splitlines()) if row.get("turns")]
+    )
     results: dict[str, dict[str, dict]] = {}
     try:
         for mode in modes:
@@ -410,7 +408,7 @@ def cmd_loadtest(args) -> int:
                     names or [args.model],
                     prompts,
                     conc,
-                    max(args.requests, conc),
+                    max(args.requests, args.rounds * conc),
                     args.max_tokens,
                 )
                 results.setdefault(mode, {})[str(conc)] = summary = loadtest.summarize(level)
@@ -566,6 +564,12 @@ def build_parser() -> argparse.ArgumentParser:
     lt.add_argument("--concurrency", default="1,2,4,8,16")
     lt.add_argument(
         "--requests", type=int, default=16, help="requests per level (at least the concurrency)"
+    )
+    lt.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="at least this many requests per stream at each level (steady state, less ramp)",
     )
     lt.add_argument("--modes", default="ar,spec,policy")
     lt.add_argument("--max-tokens", type=int, default=64)

@@ -35,6 +35,21 @@ class Level:
     seconds: float = 0.0
 
 
+def interleave_tasks(rows: list[dict]) -> list[str]:
+    """First-turn prompts taking each Spec-Bench task in turn, so every load level sees the mix.
+
+    Example: tasks a a b c c -> prompts of a, b, c, a, c (each task's own order kept).
+    """
+    by_task: dict[str, list[str]] = {}
+    for row in rows:
+        by_task.setdefault(row.get("task") or row.get("category") or "", []).append(row["turns"][0])
+    queues = list(by_task.values())
+    out = []
+    for i in range(max(map(len, queues), default=0)):
+        out += [q[i] for q in queues if i < len(q)]
+    return out
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """Nearest-rank percentile. Example: [1, 2, 3, 4] at 0.5 -> 2; at 0.99 -> 4."""
     if not values:

@@ -1,3 +1,4 @@
+from specserve import loadtest
 from specserve.loadtest import Level, Sample, percentile, summarize
 
 
@@ -23,3 +24,8 @@ def test_summarize_counts_failures_and_throughput():
     out = summarize(level)
     assert out["throughput_tok_s"] == 10.0 and out["failed"] == 1 and out["tau"] == 2.5
     assert (out["ttft_p50_s"], out["ttft_p99_s"]) == (0.5, 1.5)
+
+
+def test_interleave_tasks_takes_each_task_in_turn():
+    rows = [{"task": t, "turns": [f"{t}{i}"]} for t, i in [("a", 0), ("a", 1), ("b", 0), ("c", 0), ("c", 1)]]
+    assert loadtest.interleave_tasks(rows) == ["a0", "b0", "c0", "a1", "c1"]
