@@ -384,6 +384,9 @@ def cmd_loadtest(args) -> int:
     for mode in modes:
         if mode not in loadtest.MODES:
             raise ValueError(f"modes: unknown {mode!r}; valid: {', '.join(loadtest.MODES)}")
+    capacity = args.overload_capacity or max(levels, default=0)
+    if args.overload_factor > 0 and int(args.overload_factor * capacity) < 1:
+        raise ValueError("--overload-factor: needs --overload-capacity or --concurrency levels")
     client = AdminClient.from_env(args.url, args.token, _cache_dir(args))
     known = {v["name"] for v in client.call("GET", "/variants")["variants"]}
     names = [f"load-{i}" for i in range(args.variants)]
@@ -423,6 +426,27 @@ def cmd_loadtest(args) -> int:
         "max_tokens": args.max_tokens,
         "results": results,
     }
+    # policy mode from here on: every variant's strategy is back to the policy's
+    targets = names or [args.model]
+    if args.overload_factor > 0:
+        clients = int(args.overload_factor * capacity)
+        _log(f"overload: {clients} clients for {args.overload_seconds} s")
+        report["overload"] = loadtest.run_overload(
+            client.url, targets, prompts, clients, args.overload_seconds, args.max_tokens
+        )
+        _log(f"overload: {report['overload']}")
+    if args.disconnect > 0:
+        _log(f"disconnect: {args.disconnect} streams cut after {args.disconnect_after} tokens")
+        report["disconnect"] = loadtest.run_disconnect(
+            client.url, targets, prompts, args.disconnect, args.disconnect_after, args.max_tokens
+        )
+        _log(f"disconnect: {report['disconnect']}")
+    if args.plot:
+        try:
+            loadtest.plot(report, args.plot)
+            report["plot"] = str(args.plot)
+        except ImportError as err:
+            report["plot_error"] = f"--plot needs matplotlib: {err}"
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:
@@ -575,6 +599,29 @@ def build_parser() -> argparse.ArgumentParser:
     lt.add_argument("--max-tokens", type=int, default=64)
     lt.add_argument("--data", type=Path, default=Path("../shared/bench/specbench_dev.jsonl"))
     lt.add_argument("--out", type=Path, default=None)
+    lt.add_argument(
+        "--plot", type=Path, default=None, help="PNG: throughput and ITL p50 vs concurrency"
+    )
+    lt.add_argument(
+        "--overload-factor",
+        type=float,
+        default=0.0,
+        help="after the levels, F x capacity clients back to back (policy mode); 0: off",
+    )
+    lt.add_argument("--overload-seconds", type=float, default=20.0)
+    lt.add_argument(
+        "--overload-capacity",
+        type=int,
+        default=None,
+        help="capacity the factor multiplies (default: the highest --concurrency level)",
+    )
+    lt.add_argument(
+        "--disconnect",
+        type=int,
+        default=0,
+        help="then N streams cut abruptly after --disconnect-after tokens; 0: off",
+    )
+    lt.add_argument("--disconnect-after", type=int, default=3)
     lt.set_defaults(func=cmd_loadtest)
 
     var = sub.add_parser("variants", help="admin client: register, list, show, delete, train")

@@ -1,15 +1,29 @@
 """`specserve loadtest`: drive a running server with concurrent streaming chat requests spread over
 variants, per concurrency level and mode (`ar` forced, `spec` = lookahead forced, `policy`), and
-report throughput, TTFT and inter-token latency percentiles, τ and failures as JSON."""
+report throughput, TTFT and inter-token latency percentiles, τ and failures as JSON.
+
+Optional reports, each a top-level key of the same JSON:
+
+- `overload` (`run_overload`): more clients than capacity, back to back for a while; how many
+  requests were admitted, completed, refused (503/429: how fast, with Retry-After?) or failed,
+  how long the gateway's in-flight count took to drain, and the KV positions reserved meanwhile.
+- `disconnect` (`run_disconnect`): streams cut abruptly after a few tokens; how long until the
+  gateway's in-flight count and the replicas' batch (decoding + waiting + prefilling) reach zero.
+- `plot` (`plot`): a PNG of throughput and ITL p50 against concurrency, one line per mode.
+"""
 
 from __future__ import annotations
 
 import http.client
 import json
+import re
+import socket
 import statistics
 import threading
 import time
 import urllib.parse
+import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 MODES = {
@@ -59,17 +73,15 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[rank - 1]
 
 
-def stream_chat(
-    url: str,
-    model: str,
-    prompt: str,
-    max_tokens: int,
-    timeout: float = 600.0,
-    token: str | None = None,
-) -> Sample:
-    """One streaming chat request; times the first content chunk and the rest."""
+def _connect(url: str, timeout: float) -> http.client.HTTPConnection:
     parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    return http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+
+
+def _post_chat(
+    conn: http.client.HTTPConnection, model: str, prompt: str, max_tokens: int, token: str | None
+) -> None:
+    """Send one streaming chat completion request (greedy, usage in the last chunk)."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
@@ -81,24 +93,48 @@ def stream_chat(
     headers = {"Content-Type": "application/json"} | (
         {"Authorization": f"Bearer {token}"} if token else {}
     )
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), headers)
+
+
+def _event(raw: bytes) -> dict | str | None:
+    """One SSE line: its JSON chunk, "DONE" for `data: [DONE]`, None for anything else."""
+    line = raw.decode().strip()
+    if not line.startswith("data: "):
+        return None
+    return "DONE" if line == "data: [DONE]" else json.loads(line[6:])
+
+
+def _has_content(chunk: dict) -> bool:
+    return any(c.get("delta", {}).get("content") for c in chunk.get("choices", []))
+
+
+def stream_chat(
+    url: str,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    timeout: float = 600.0,
+    token: str | None = None,
+) -> Sample:
+    """One streaming chat request; times the first content chunk and the rest."""
+    conn = _connect(url, timeout)
     started = time.perf_counter()
     try:
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), headers)
+        _post_chat(conn, model, prompt, max_tokens, token)
         resp = conn.getresponse()
         if resp.status != 200:
             return Sample(False, error=f"HTTP {resp.status}: {resp.read()[:200]!r}")
         first = last = None
         tokens, tau = 0, None
         for raw in resp:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
+            chunk = _event(raw)
+            if not isinstance(chunk, dict):
                 continue
-            chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
             if chunk.get("specserve"):
                 tau = chunk["specserve"].get("tau")
-            if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+            if _has_content(chunk):
                 now = time.perf_counter()
                 first = first or now
                 last = now
@@ -161,3 +197,352 @@ def summarize(level: Level) -> dict:
         "tau": round(statistics.mean(taus), 3) if taus else None,
         "failed": len(level.samples) - len(ok),
     }
+
+
+# -- server figures: /healthz and /metrics
+
+_PROM_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_PROM_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+ACTIVE_FIGURES = ("decoding", "waiting", "prefilling")
+
+
+def prom_values(text: str, name: str, labels: dict[str, str] | None = None) -> list[float]:
+    """Values of metric `name` whose labels include `labels`, from Prometheus text.
+
+    Example: 'm{a="x",b="y"} 3.0' with name "m", labels {"a": "x"} -> [3.0].
+    """
+    out = []
+    for line in text.splitlines():
+        match = _PROM_LINE.match(line.strip())
+        if not match or match.group(1) != name:
+            continue
+        found = {
+            k: v.replace('\\"', '"').replace("\\\\", "\\")
+            for k, v in _PROM_LABEL.findall(match.group(2) or "")
+        }
+        if all(found.get(k) == v for k, v in (labels or {}).items()):
+            out.append(float(match.group(3)))
+    return out
+
+
+def batch_active(text: str) -> float:
+    """Requests the replicas hold: decoding + waiting + prefilling (unknown figures, -1, skipped)."""
+    return sum(
+        v
+        for figure in ACTIVE_FIGURES
+        for v in prom_values(text, "specserve_replica_batch", {"figure": figure})
+        if v >= 0
+    )
+
+
+def kv_reserved(text: str) -> float | None:
+    """The largest `kv_reserved_tokens` over replicas; None when no replica reports one."""
+    values = prom_values(text, "specserve_replica_batch", {"figure": "kv_reserved_tokens"})
+    values = [v for v in values if v >= 0]
+    return max(values) if values else None
+
+
+def fetch(url: str, path: str, timeout: float = 10.0) -> str | None:
+    """GET `path` as text; None on any error (the probes treat that as 'not known')."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + path, timeout=timeout) as resp:
+            return resp.read().decode()
+    except (OSError, http.client.HTTPException, ValueError):
+        return None
+
+
+def gateway_inflight(url: str) -> int | None:
+    """The gateway's in-flight requests, summed over base models (`/healthz`)."""
+    text = fetch(url, "/healthz")
+    try:
+        return sum(json.loads(text)["inflight"].values()) if text else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def replica_active(url: str) -> float | None:
+    """`batch_active` of a fresh `/metrics` scrape; None when it cannot be read."""
+    text = fetch(url, "/metrics")
+    return None if text is None else batch_active(text)
+
+
+def replica_kv_reserved(url: str) -> float | None:
+    """`kv_reserved` of a fresh `/metrics` scrape."""
+    text = fetch(url, "/metrics")
+    return None if text is None else kv_reserved(text)
+
+
+def seconds_to_zero(
+    probes: dict[str, Callable[[], float | None]],
+    poll_s: float,
+    limit_s: float = 30.0,
+    started: float | None = None,
+) -> dict[str, float | None]:
+    """Poll each probe every `poll_s` until it reads 0; seconds it took, None past `limit_s`.
+
+    Seconds count from `started` (a `time.perf_counter()` reading; default: now).
+    """
+    started = time.perf_counter() if started is None else started
+    out: dict[str, float | None] = {name: None for name in probes}
+    while True:
+        elapsed = time.perf_counter() - started
+        for name, probe in probes.items():
+            if out[name] is None and probe() == 0:
+                out[name] = round(elapsed, 3)
+        if all(v is not None for v in out.values()) or elapsed > limit_s:
+            return out
+        time.sleep(poll_s)
+
+
+# -- overload: more clients than capacity, back to back
+
+
+@dataclass
+class Attempt:
+    status: str  # "completed" | "refused" (503/429) | "failed"
+    admitted: bool = False  # got HTTP 200
+    refused_s: float | None = None  # send -> status line, for refusals
+    retry_after: bool = False
+    error: str = ""
+
+
+def attempt_chat(
+    url: str,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    timeout: float = 600.0,
+    token: str | None = None,
+) -> Attempt:
+    """One streaming request, classified: completed only with the final `[DONE]`."""
+    conn, resp = _connect(url, timeout), None
+    started = time.perf_counter()
+    try:
+        _post_chat(conn, model, prompt, max_tokens, token)
+        resp = conn.getresponse()
+        if resp.status in (429, 503):
+            seconds = time.perf_counter() - started
+            return Attempt(
+                "refused", refused_s=seconds, retry_after=bool(resp.getheader("Retry-After"))
+            )
+        if resp.status != 200:
+            return Attempt("failed", error=f"HTTP {resp.status}")
+        done = any(_event(raw) == "DONE" for raw in resp)
+        return Attempt("completed" if done else "failed", True, error="" if done else "no [DONE]")
+    except (OSError, http.client.HTTPException, json.JSONDecodeError) as err:
+        admitted = resp is not None and resp.status == 200
+        return Attempt("failed", admitted, error=f"{type(err).__name__}: {err}")
+    finally:
+        conn.close()
+
+
+def summarize_overload(attempts: list[Attempt]) -> dict:
+    """Counts, refusal latency percentiles and the share of refusals carrying Retry-After."""
+    refused = [a for a in attempts if a.status == "refused"]
+    latencies = [a.refused_s for a in refused if a.refused_s is not None]
+    r = lambda v: None if v is None else round(v, 4)
+    return {
+        "admitted": sum(a.admitted for a in attempts),
+        "completed": sum(a.status == "completed" for a in attempts),
+        "refused": len(refused),
+        "failed": sum(a.status == "failed" for a in attempts),
+        "refused_latency_p50_s": r(percentile(latencies, 0.5)),
+        "refused_latency_p99_s": r(percentile(latencies, 0.99)),
+        "refused_latency_max_s": r(max(latencies, default=None)),
+        "retry_after_present": (
+            round(sum(a.retry_after for a in refused) / len(refused), 4) if refused else None
+        ),
+    }
+
+
+def _sample_kv(url: str, stop: threading.Event, poll_s: float, seen: list[float]) -> None:
+    """Every `poll_s` until `stop`: append the replicas' largest reserved KV positions."""
+    while not stop.wait(poll_s):
+        value = replica_kv_reserved(url)
+        if value is not None:
+            seen.append(value)
+
+
+def _hammer(
+    url: str,
+    models: list[str],
+    prompts: list[str],
+    clients: int,
+    seconds: float,
+    max_tokens: int,
+    timeout: float,
+) -> list[Attempt]:
+    """`clients` threads sending back to back until `seconds` pass; every attempt made."""
+    attempts: list[Attempt] = []
+    lock, next_i = threading.Lock(), [0]
+    deadline = time.perf_counter() + seconds
+
+    def client() -> None:
+        while time.perf_counter() < deadline:
+            with lock:
+                i = next_i[0]
+                next_i[0] += 1
+            attempt = attempt_chat(
+                url, models[i % len(models)], prompts[i % len(prompts)], max_tokens, timeout
+            )
+            with lock:
+                attempts.append(attempt)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return attempts
+
+
+def run_overload(
+    url: str,
+    models: list[str],
+    prompts: list[str],
+    clients: int,
+    seconds: float,
+    max_tokens: int,
+    timeout: float = 600.0,
+    kv_poll_s: float = 1.0,
+) -> dict:
+    """The `overload` report: `clients` back-to-back streams for `seconds`, then the drain."""
+    kv_before = replica_kv_reserved(url)
+    stop, kv_seen = threading.Event(), []
+    sampler = threading.Thread(target=_sample_kv, args=(url, stop, kv_poll_s, kv_seen))
+    sampler.start()
+    started = time.perf_counter()
+    try:
+        attempts = _hammer(url, models, prompts, clients, seconds, max_tokens, timeout)
+    finally:
+        stop.set()
+        sampler.join()
+    wall = time.perf_counter() - started
+    drained = seconds_to_zero({"inflight": lambda: gateway_inflight(url)}, 0.1)["inflight"]
+    report = {"clients": clients, "seconds": seconds, "wall_s": round(wall, 3)}
+    report |= summarize_overload(attempts)
+    report["inflight_after_s"] = drained
+    report["kv_reserved_tokens_before"] = kv_before
+    report["kv_reserved_tokens_max"] = max(kv_seen, default=None)
+    report["kv_reserved_tokens_after"] = replica_kv_reserved(url)
+    return report
+
+
+# -- disconnect: streams cut abruptly after a few tokens
+
+
+def cut_stream(
+    url: str,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    after: int,
+    ready: threading.Event,
+    go: threading.Event,
+    timeout: float = 600.0,
+) -> bool:
+    """Read `after` content chunks, set `ready`, wait for `go`, then shut the socket down hard.
+
+    True when the stream was cut after `after` chunks (not refused, failed or finished early).
+    """
+    conn = _connect(url, timeout)
+    sock = None
+    try:
+        _post_chat(conn, model, prompt, max_tokens, None)
+        sock = conn.sock  # getresponse() may drop conn.sock when the server closes after
+        resp = conn.getresponse()
+        seen = 0
+        if resp.status == 200:
+            for raw in resp:
+                chunk = _event(raw)
+                if isinstance(chunk, dict) and _has_content(chunk):
+                    seen += 1
+                if seen >= after or chunk == "DONE":
+                    break
+        if seen < after:
+            return False
+        ready.set()
+        go.wait(timeout)
+        sock.shutdown(socket.SHUT_RDWR)
+        return True
+    except (OSError, http.client.HTTPException, json.JSONDecodeError):
+        return False
+    finally:
+        ready.set()
+        if sock is not None:
+            sock.close()
+        conn.close()
+
+
+def run_disconnect(
+    url: str,
+    models: list[str],
+    prompts: list[str],
+    streams: int,
+    after: int,
+    max_tokens: int,
+    timeout: float = 600.0,
+    poll_s: float = 0.05,
+    limit_s: float = 30.0,
+) -> dict:
+    """The `disconnect` report: `streams` opened at once, cut together after `after` chunks."""
+    go, readies, cut = threading.Event(), [threading.Event() for _ in range(streams)], []
+
+    def stream(i: int) -> None:
+        model, prompt = models[i % len(models)], prompts[i % len(prompts)]
+        cut.append(cut_stream(url, model, prompt, max_tokens, after, readies[i], go, timeout))
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(streams)]
+    for t in threads:
+        t.start()
+    deadline = time.perf_counter() + timeout
+    for ready in readies:
+        ready.wait(max(0.0, deadline - time.perf_counter()))
+    active_before = replica_active(url)
+    go.set()
+    cut_at = time.perf_counter()
+    for t in threads:
+        t.join()
+    probes = {"inflight": lambda: gateway_inflight(url), "active": lambda: replica_active(url)}
+    zero = seconds_to_zero(probes, poll_s, limit_s, started=cut_at)
+    return {
+        "streams": streams,
+        "after_tokens": after,
+        "cut": sum(cut),
+        "seconds_to_zero_inflight": zero["inflight"],
+        "seconds_to_zero_active": zero["active"],
+        "active_before_cut": active_before,
+    }
+
+
+# -- plot
+
+
+def plot(report: dict, path) -> None:
+    """A small PNG: throughput and ITL p50 against concurrency (log2), one line per mode."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 3.5), dpi=80)
+    FigureCanvasAgg(fig)
+    panels = fig.subplots(1, 2)
+    results = report.get("results", {})
+    concurrencies = sorted({int(c) for by_level in results.values() for c in by_level})
+    for ax, key, label in zip(
+        panels, ("throughput_tok_s", "itl_p50_s"), ("throughput (tok/s)", "ITL p50 (s)")
+    ):
+        for mode, by_level in results.items():
+            points = sorted((int(c), s.get(key)) for c, s in by_level.items())
+            points = [(c, v) for c, v in points if v is not None]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=mode)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
+        ax.minorticks_off()
+        ax.set_xlabel("concurrency")
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3)
+    if panels[0].get_legend_handles_labels()[0]:
+        panels[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80, format="png")

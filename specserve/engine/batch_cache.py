@@ -2,8 +2,9 @@
 
 Every forward appends q columns to every row; a row keeps (marks visible) only the columns of its
 committed tokens, so rows of different lengths and accept counts share one tensor without copies.
-Columns carry their rotary positions in the keys, so their order never matters. Rows leave and
-hidden columns are reclaimed by `compact`, one gather of the whole cache.
+Columns carry their rotary positions in the keys, so their order never matters. A leaving row's
+slot is reused by the next request that fits (one row written, no whole-cache copy); free slots
+and hidden columns are reclaimed by `compact`, one gather of the whole cache.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class BatchKV:
         with torch.inference_mode():  # every update happens in inference mode (see the methods)
             self.visible = torch.zeros(0, 0, dtype=torch.bool)  # [rows, columns]
         self._last_q = 0  # columns the last forward appended
+        self.free: list[int] = []  # rows no request holds (padding in a forward until reused)
 
     @property
     def rows(self) -> int:
@@ -37,9 +39,16 @@ class BatchKV:
 
     @torch.inference_mode()
     def add(self, row_cache, length: int) -> int:
-        """Append a request's own cache (its first `length` positions) as a new row; its index."""
+        """Put a request's own cache (its first `length` positions) in a free row that is wide
+        enough, else in a new row; returns the row."""
         if self.rows == 0:
             self.cache = hf_internals.new_batch_cache(self.config)
+        if self.free and length <= self.columns:
+            row = self.free.pop()
+            hf_internals.write_row(self.cache, row, row_cache, length)
+            self.visible[row] = False
+            self.visible[row, :length] = True
+            return row
         hf_internals.append_row(self.cache, row_cache, length)
         width = max(self.columns, length)
         visible = torch.zeros(self.rows + 1, width, dtype=torch.bool)
@@ -47,6 +56,12 @@ class BatchKV:
         visible[self.rows, :length] = True
         self.visible = visible
         return self.rows - 1
+
+    @torch.inference_mode()
+    def release(self, row: int) -> None:
+        """The row's request left: its slot is free (it attends nothing until reused)."""
+        self.visible[row] = False
+        self.free.append(row)
 
     @torch.inference_mode()
     def grow(self, q: int) -> None:
@@ -64,6 +79,7 @@ class BatchKV:
     @torch.inference_mode()
     def compact(self, keep_rows: list[int]) -> None:
         """Keep only `keep_rows` (in this order), each row's visible columns packed to the left."""
+        self.free = []
         if not keep_rows:
             self.cache = hf_internals.new_batch_cache(self.config)
             self.visible = torch.zeros(0, 0, dtype=torch.bool)
@@ -85,3 +101,12 @@ class BatchKV:
         if self.rows == 0 or self.columns == 0:
             return 0.0
         return 1.0 - max(self.lengths()) / self.columns
+
+    def needs_compaction(self) -> bool:
+        """Worth one whole-cache gather: most columns hidden (and many), or a quarter of the rows
+        (at least two) free, or every row free."""
+        if self.rows and len(self.free) == self.rows:
+            return True
+        if len(self.free) >= max(2, self.rows // 4):
+            return True
+        return self.wasted() > 0.5 and self.columns > 256

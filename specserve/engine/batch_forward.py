@@ -81,8 +81,10 @@ def verify_batch_forward(model, kv: BatchKV, rows: list[BatchRow]) -> list[Forwa
     kv.grow(inputs.input_ids.shape[1])
     at = {r: i for i, r in enumerate(keep)}
     features = hf_internals.hidden_features(out, layers) if layers else None  # [b, q, L, H]
-    return [_row_output(out.logits[b], at, inputs.logit_rows[b], row, features, layers, b)
-            for b, row in enumerate(rows)]
+    return [
+        _row_output(out.logits[b], at, inputs.logit_rows[b], row, features, layers, b)
+        for b, row in enumerate(rows)
+    ]
 
 
 def _row_output(logits, at, logit_rows, row: BatchRow, features, layers, b) -> ForwardOutput:

@@ -106,8 +106,8 @@ class GrowingLayer(DynamicLayer):
         """Reallocate with room for half as much again (and 64 more) and copy the used part."""
         b, h, _, d = key_states.shape
         capacity = (self._used + q) * 3 // 2 + 64
-        k = key_states.new_zeros(b, h, capacity, d)
-        v = value_states.new_zeros(b, h, capacity, value_states.shape[3])
+        k = key_states.new_empty(b, h, capacity, d)  # never read past `_used`
+        v = value_states.new_empty(b, h, capacity, value_states.shape[3])
         if self._used:
             k[:, :, : self._used] = self._k[:, :, : self._used]
             v[:, :, : self._used] = self._v[:, :, : self._used]
@@ -117,7 +117,9 @@ class GrowingLayer(DynamicLayer):
 def new_batch_cache(config) -> DynamicCache:
     """A cache for a decode batch: full-attention layers append in place (`GrowingLayer`)."""
     cache = DynamicCache(config=config)
-    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    cache.layers = [
+        GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers
+    ]
     return cache
 
 
@@ -138,6 +140,15 @@ def append_row(cache: DynamicCache, row_cache: DynamicCache, length: int) -> Non
         new_keys = torch.cat([_pad_to(layer.keys, width), _pad_to(keys, width)], dim=0)
         new_values = torch.cat([_pad_to(layer.values, width), _pad_to(values, width)], dim=0)
         layer.keys, layer.values = new_keys, new_values
+
+
+@torch.inference_mode()
+def write_row(cache: DynamicCache, row: int, row_cache: DynamicCache, length: int) -> None:
+    """Overwrite batch row `row`'s first `length` positions with `row_cache`'s (batch 1 there),
+    in place; the caller hides the row's other positions. Requires length <= the cache's."""
+    for layer, src in zip(cache.layers, row_cache.layers, strict=True):
+        layer.keys[row, :, :length] = src.keys[0, :, :length]
+        layer.values[row, :, :length] = src.values[0, :, :length]
 
 
 def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:

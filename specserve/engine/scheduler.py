@@ -22,9 +22,9 @@ from specserve.engine.batch_cache import BatchKV
 from specserve.engine.batch_forward import BatchRow, verify_batch_forward
 from specserve.engine.batch_settings import BatchSettings
 from specserve.engine.decode import Engine, RequestState, StepResult, feature_layers
+from specserve.engine.lora import BASE_ADAPTER, is_peft_model
 from specserve.engine.spec_budget import RowDraft, choose_cap
-from specserve.engine.tree import cap_draft
-
+from specserve.engine.tree import Draft, cap_draft
 
 __all__ = ["BatchSettings", "QueueFull", "Scheduler", "Ticket"]
 
@@ -62,7 +62,7 @@ class Scheduler:
         self.kv = BatchKV(engine.model.config)
         self.waiting: OrderedDict[str, deque[Ticket]] = OrderedDict()
         self.prefilling: deque[Ticket] = deque()
-        self.decoding: list[Ticket] = []  # decoding[i] is batch row i
+        self.slots: list[Ticket | None] = []  # slots[i] holds batch row i (None: a free row)
         self.reserved = 0
         self.steps = 0
         self.last_cap: int | None = None
@@ -120,6 +120,11 @@ class Scheduler:
                 "steps": self.steps,
                 "draft_cap": self.last_cap,
             }
+
+    @property
+    def decoding(self) -> list[Ticket]:
+        """Requests in the decode batch, in row order."""
+        return [t for t in self.slots if t is not None]
 
     @property
     def running(self) -> bool:
@@ -238,23 +243,22 @@ class Scheduler:
                 continue
             ticket.row = self.kv.add(state.cache, hf_internals.cache_length(state.cache))
             state.cache = None  # the batch cache holds its positions now
-            self.decoding.append(ticket)
+            if ticket.row == len(self.slots):
+                self.slots.append(ticket)
+            else:
+                self.slots[ticket.row] = ticket
 
     def _decode(self) -> None:
-        states = [t.state for t in self.decoding]
-        drafts = [self.engine.propose(s) for s in states]
-        cap = self._cap(drafts)
-        rows = []
-        for ticket, draft, past in zip(self.decoding, drafts, self.kv.lengths(), strict=True):
-            state = ticket.state
-            if cap is not None and ticket.load_aware:
-                cut = cap_draft(draft, cap)
-                state.capped_steps += cut is not draft
-                draft = cut
-            rows.append(BatchRow(past, state.pending, draft, state.adapter, feature_layers(state)))
+        live = self.decoding
+        drafts = {t.id: self.engine.propose(t.state) for t in live}
+        cap = self._cap([drafts[t.id] for t in live], live)
+        lengths = self.kv.lengths()
+        rows = [self._row(t, drafts, cap, lengths[b]) for b, t in enumerate(self.slots)]
         outs = verify_batch_forward(self.engine.model, self.kv, rows)
         finished = []
-        for b, (ticket, row, out) in enumerate(zip(self.decoding, rows, outs, strict=True)):
+        for b, (ticket, row, out) in enumerate(zip(self.slots, rows, outs, strict=True)):
+            if ticket is None:
+                continue
             accepted, bonus = self.engine.accept(ticket.state, row.draft, out)
             p = len(row.pending)
             self.kv.keep(b, list(range(p)) + [p + i for i in accepted])
@@ -264,10 +268,25 @@ class Scheduler:
                 finished.append(ticket)
         if finished:
             self._leave(finished)
-        elif self.kv.wasted() > 0.5 and self.kv.columns > 256:
-            self.kv.compact(list(range(self.kv.rows)))
+        elif self.kv.needs_compaction():
+            self._compact()
 
-    def _cap(self, drafts) -> int | None:
+    def _row(self, ticket: Ticket | None, drafts: dict, cap: int | None, past: int) -> BatchRow:
+        """The forward input of one batch row: a request's pending token and (cut) draft, or an
+        inert padding token for a free row."""
+        if ticket is None:
+            return BatchRow(0, [0], Draft(), self._padding_adapter())
+        state, draft = ticket.state, drafts[ticket.id]
+        if cap is not None and ticket.load_aware:
+            cut = cap_draft(draft, cap)
+            state.capped_steps += cut is not draft
+            draft = cut
+        return BatchRow(past, state.pending, draft, state.adapter, feature_layers(state))
+
+    def _padding_adapter(self) -> str | None:
+        return BASE_ADAPTER if is_peft_model(self.engine.model) else None
+
+    def _cap(self, drafts, live: list[Ticket]) -> int | None:
         if self.relative_cost is None:
             self.last_cap = None
             return None
@@ -279,21 +298,27 @@ class Scheduler:
                 tuple(t.state.accepted_by_depth),
                 t.load_aware,
             )
-            for t, d in zip(self.decoding, drafts, strict=True)
+            for t, d in zip(live, drafts, strict=True)
         ]
         self.last_cap = choose_cap(row_drafts, self.relative_cost)
         return self.last_cap
 
     def _leave(self, tickets: list[Ticket]) -> None:
-        """Take finished or cancelled rows out of the batch (one compaction) and free them."""
-        gone = {t.id for t in tickets}
-        stay = [i for i, t in enumerate(self.decoding) if t.id not in gone]
-        self.kv.compact(stay)
-        self.decoding = [self.decoding[i] for i in stay]
-        for row, t in enumerate(self.decoding):
-            t.row = row
+        """Take finished or cancelled rows out of the batch (their slots are reused, or reclaimed
+        by a compaction when enough are free) and free them."""
         for t in tickets:
+            self.kv.release(t.row)
+            self.slots[t.row] = None
             self._release(t)
+        if self.kv.needs_compaction():
+            self._compact()
+
+    def _compact(self) -> None:
+        keep = [row for row, t in enumerate(self.slots) if t is not None]
+        self.kv.compact(keep)
+        self.slots = [self.slots[row] for row in keep]
+        for row, t in enumerate(self.slots):
+            t.row = row
 
     def _release(self, ticket: Ticket) -> None:
         with self._lock:

@@ -56,6 +56,8 @@ class ModelServer:
     """One base model: loads it, serves its variants through ModelService, syncs n-gram pools."""
 
     def __init__(self, model_id: str, args: dict) -> None:
+        import torch
+
         from specserve.adapters.resident import ResidentAdapters, base_model_names
         from specserve.adapters.settings import AdapterLimits
         from specserve.adapters.variants import PoolBook
@@ -64,8 +66,6 @@ class ModelServer:
         from specserve.platform.pool_sync import PoolSync
         from specserve.platform.service import ModelService
         from specserve.policies.settings import PolicySettings
-
-        import torch
 
         settings = PlatformSettings.from_args(args)
         torch.set_num_threads(settings.resolved_torch_threads())

@@ -108,7 +108,11 @@ class PlatformSettings(BaseModel):
     def resolved_torch_threads(self) -> int:
         if self.torch_threads is not None:
             return self.torch_threads
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1
+        )
 
     def resolved_policy_file(self) -> Path:
         return self.policy_file if self.policy_file.is_absolute() else REPO_ROOT / self.policy_file

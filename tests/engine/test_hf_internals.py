@@ -335,7 +335,10 @@ def test_growing_layer_cache_matches_dynamic_cache_and_grows_geometrically(tiny_
     over many steps, while reallocating only when its spare capacity runs out."""
     model = tiny_llama(0)
     ids = torch.randint(0, 96, (3, 40))
-    plain, growing = hf_internals.new_cache(model.config), hf_internals.new_batch_cache(model.config)
+    plain, growing = (
+        hf_internals.new_cache(model.config),
+        hf_internals.new_batch_cache(model.config),
+    )
     assert all(type(layer) is hf_internals.GrowingLayer for layer in growing.layers)
     reallocations, last = 0, None
     for start in range(0, 40, 4):

@@ -25,8 +25,9 @@ def _randomize(model, seed: int) -> None:
 @pytest.fixture
 def model(tiny_llama):
     base = copy.deepcopy(tiny_llama(1, init_range=0.1))
-    m = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
-                       adapter_name="x1")
+    m = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]), adapter_name="x1"
+    )
     m.add_adapter("x2", LoraConfig(r=2, lora_alpha=2, target_modules=["down_proj", "q_proj"]))
     _randomize(m, 3)
     for p in m.parameters():
@@ -63,8 +64,9 @@ def test_restacks_after_load_unload_and_reload(model):
     _randomize(model, 11)  # new weights under the old name
     after = _logits(model, ids, ["x2"])
     assert not torch.allclose(before, after, atol=1e-4)
-    torch.testing.assert_close(after, model(input_ids=ids, adapter_names=["x2"]).logits,
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        after, model(input_ids=ids, adapter_names=["x2"]).logits, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_plain_model_and_default_rows_take_no_hooks(tiny_llama):

@@ -110,7 +110,11 @@ def _run(engine, scheduler, reqs, sink_log=None) -> dict[int, dict]:
             if req["join_at"] == step:
                 params = _params(req)
                 state = engine.start(
-                    req["prompt"], params, req["strategy"], STRATEGIES[req["strategy"]], None,
+                    req["prompt"],
+                    params,
+                    req["strategy"],
+                    STRATEGIES[req["strategy"]],
+                    None,
                     req["adapter"],
                 )
 
@@ -169,7 +173,9 @@ def test_batched_rows_equal_each_request_alone(engine, seed, cost):
 
 def _start(engine, n_prompt=8, max_new=6, strategy="ar", adapter=None, seed=0):
     prompt = _prompt(random.Random(seed), n_prompt)
-    return engine.start(prompt, SamplingParams(max_new_tokens=max_new), strategy, None, None, adapter)
+    return engine.start(
+        prompt, SamplingParams(max_new_tokens=max_new), strategy, None, None, adapter
+    )
 
 
 def _sink(log: list, name: str):
@@ -233,8 +239,15 @@ def test_cancelled_row_leaves_the_batch_at_the_next_step(engine):
     scheduler.cancel(tickets[1])
     scheduler.step()
     assert [t.id for t in scheduler.decoding] == [tickets[0].id, tickets[2].id]
-    assert scheduler.kv.rows == 2 and ("1", None, True) in log
-    assert scheduler.reserved == 2 * tickets[0].reserve and scheduler.kv.columns <= columns + 2
+    assert ("1", None, True) in log and scheduler.reserved == 2 * tickets[0].reserve
+    freed = tickets[1].row
+    assert scheduler.kv.free == [freed] and not scheduler.kv.visible[freed].any()
+    assert scheduler.kv.columns <= columns + 2
+    # the next request reuses the free slot: no new row, no whole-cache copy
+    scheduler.submit(_start(engine, seed=7, max_new=50), "t", True, _sink(log, "3"))
+    while len(scheduler.decoding) < 3:
+        scheduler.step()
+    assert scheduler.kv.rows == 3 and scheduler.slots[freed].id == 4 and not scheduler.kv.free
 
 
 def test_loop_thread_serves_submissions_and_calls(engine):
@@ -253,8 +266,14 @@ def test_loop_thread_serves_submissions_and_calls(engine):
         assert scheduler.call(lambda: 41 + 1).result(timeout=10) == 42
         scheduler.submit(state, "t", True, sink)
         assert done.wait(timeout=60)
-        req = {"prompt": state.tokens[: state.prompt_len], "strategy": "ar", "adapter": None,
-               "max_new": 9, "temperature": 0.0, "seed": 0}
+        req = {
+            "prompt": state.tokens[: state.prompt_len],
+            "strategy": "ar",
+            "adapter": None,
+            "max_new": 9,
+            "temperature": 0.0,
+            "seed": 0,
+        }
         assert ids == _alone(engine, req)
     finally:
         scheduler.stop()

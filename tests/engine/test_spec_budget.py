@@ -10,7 +10,6 @@ import torch
 
 from specserve.engine.cost import CostCurve
 from specserve.engine.spec_budget import (
-    CAPS,
     RowDraft,
     accept_rate,
     capped_width,
@@ -200,17 +199,16 @@ def _random_monotone_cost(rng: random.Random, largest: int):
 
 
 @pytest.mark.parametrize("seed", range(50))
-def test_choose_cap_matches_brute_force_over_its_candidate_caps(seed):
-    """The chosen cap's rate is the best over every candidate cap (CAPS below the widest draft,
-    plus the widest), up to choose_cap's 1e-4 tie margin; a clear unique best is chosen exactly."""
+def test_choose_cap_matches_brute_force_over_every_cap(seed):
+    """The chosen cap's rate is the best over every cap 0..widest, up to choose_cap's 1e-4 tie
+    margin; a clear unique best is chosen exactly."""
     rng = random.Random(seed)
     rows = _random_rows(rng)
     widest = max(len(r.depths) + r.aux for r in rows)
     cost = _random_monotone_cost(rng, len(rows) * (widest + 1))
     got = choose_cap(rows, cost)
     assert got is not None and 0 <= got <= widest
-    candidates = [c for c in range(widest + 1) if c in CAPS or c == widest]
-    assert got in candidates
+    candidates = list(range(widest + 1))
     rates = {c: _ref_rate(rows, cost, c) for c in candidates}
     best = max(rates.values())
     assert _ref_rate(rows, cost, got) >= best * (1 - TIE) - 1e-12
@@ -229,18 +227,13 @@ def test_choose_cap_ties_go_to_the_smaller_cap():
     assert choose_cap([hopeless] * 4, lambda k: 1.0) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="choose_cap only tries CAPS (+ the widest): cap 7 fills the measured width 8 but "
-    "is never tried, so it picks 6 (rate 1.2853) over 7 (rate 1.2904)",
-)
 def test_choose_cap_is_optimal_over_every_cap_on_the_cpu_curve():
     """Brute force over every cap 0..widest: one bare 12-node chain under the CPU curve."""
     rows = [RowDraft(depths=_chain(12), aux=0)]
     cost = _cpu_relative()
     rates = [_ref_rate(rows, cost, c) for c in range(13)]
     got = choose_cap(rows, cost)
-    assert rates[got] >= max(rates) * (1 - 1e-9)
+    assert rates[got] >= max(rates) * (1 - 1e-4)
 
 
 @pytest.mark.parametrize(

@@ -44,8 +44,13 @@ def test_separate_instances_do_not_share_state():
 
 def test_replica_batch_figures_render():
     m = Metrics()
-    stats = {"batch_waiting": 3, "batch_decoding": 16, "batch_prefilling": 1,
-             "batch_kv_reserved_tokens": 5000, "batch_draft_cap": None}
+    stats = {
+        "batch_waiting": 3,
+        "batch_decoding": 16,
+        "batch_prefilling": 1,
+        "batch_kv_reserved_tokens": 5000,
+        "batch_draft_cap": None,
+    }
     m.observe_replica("smol", "r1", stats)
     text = m.render().decode()
     assert 'specserve_replica_batch{base_model="smol",figure="decoding",replica="r1"} 16.0' in text

@@ -11,10 +11,10 @@ import pytest
 from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.variants import PoolBook
+from specserve.engine.batch_settings import BatchSettings
 from specserve.engine.decode import Engine
 from specserve.engine.models import LoadedModel
 from specserve.engine.sampling import SamplingParams
-from specserve.engine.batch_settings import BatchSettings
 from specserve.platform.service import GenerateRequest, ModelService, Overloaded, Target
 from specserve.policies.settings import PolicySettings
 
@@ -222,14 +222,24 @@ def test_concurrent_variants_share_one_batch_and_each_equals_its_merged_model(
 
     async def all_of_them():
         async def one(name, strategy):
-            target = Target() if name is None else Target(
-                name=name, version=1, adapter_path=str(paths[name]), version_times=[1e6 - 10]
+            target = (
+                Target()
+                if name is None
+                else Target(
+                    name=name, version=1, adapter_path=str(paths[name]), version_times=[1e6 - 10]
+                )
             )
             events = [e async for e in service.generate(_request(target, strategy, max_new=24))]
             return name, "".join(e["text"] for e in events[:-1])
 
-        jobs = [("v0", "ar"), ("v1", "lookahead"), ("v2", "prompt_lookup"), (None, "lookahead"),
-                ("v0", "lookahead"), ("v2", "ar")]
+        jobs = [
+            ("v0", "ar"),
+            ("v1", "lookahead"),
+            ("v2", "prompt_lookup"),
+            (None, "lookahead"),
+            ("v0", "lookahead"),
+            ("v2", "ar"),
+        ]
         return await asyncio.gather(*(one(n, s) for n, s in jobs))
 
     results = asyncio.run(all_of_them())
@@ -243,13 +253,17 @@ def test_concurrent_variants_share_one_batch_and_each_equals_its_merged_model(
 
 
 def test_overload_is_refused_fast_and_admitted_requests_complete(tiny_llama, adapter_root):
-    """With room for one request decoding and one waiting, a burst of 8 gets 6 Overloaded
-    answers, each within 100 ms; the 2 admitted ones finish."""
+    """With room for one request decoding and one waiting, a burst of 8 gets 6 or 7 Overloaded
+    answers, each within 100 ms; the admitted ones finish."""
     base = copy.deepcopy(tiny_llama(1, init_range=0.1))
     loaded = LoadedModel(base, WordTokenizer(), "tiny", None, None, frozenset())
     adapters = ResidentAdapters(base, ["tiny-llama"], AdapterLimits(root=adapter_root))
     service = ModelService(
-        loaded, adapters, PoolBook(), PolicySettings(), clock=lambda: 1e6,
+        loaded,
+        adapters,
+        PoolBook(),
+        PolicySettings(),
+        clock=lambda: 1e6,
         batch=BatchSettings(max_batch=1, max_queue=1, max_queue_per_tenant=1),
     )
 
@@ -268,7 +282,8 @@ def test_overload_is_refused_fast_and_admitted_requests_complete(tiny_llama, ada
         results = asyncio.run(burst())
     finally:
         service.stop()
-    assert sorted(r[0] for r in results) == ["ok"] * 2 + ["overloaded"] * 6
+    admitted = sum(r[0] == "ok" for r in results)  # 2, or 1 if all arrive before the first
+    assert admitted in (1, 2) and sum(r[0] == "overloaded" for r in results) == 8 - admitted
     assert all(r[1] == 40 for r in results if r[0] == "ok")
     assert max(r[2] for r in results) < 0.1
     assert service.ongoing == 0 and service.scheduler.active() == 0
