@@ -403,17 +403,24 @@ def cmd_loadtest(args) -> int:
     results: dict[str, dict[str, dict]] = {}
     try:
         for mode in modes:
+            if args.adapter is not None:  # a new version per mode: its n-gram pools start empty
+                for name in names:
+                    client.register(name, args.model, str(Path(args.adapter).resolve()), {})
             for name in names:
                 client.call("PUT", f"/variants/{name}/strategy", {"strategy": loadtest.MODES[mode]})
+            first = 0  # every mode sees the same prompts; no prompt twice within a mode
             for conc in levels:
+                count = max(args.requests, args.rounds * conc)
                 level = loadtest.run_level(
                     client.url,
                     names or [args.model],
                     prompts,
                     conc,
-                    max(args.requests, args.rounds * conc),
+                    count,
                     args.max_tokens,
+                    first,
                 )
+                first += count
                 results.setdefault(mode, {})[str(conc)] = summary = loadtest.summarize(level)
                 _log(f"{mode} c={conc}: {summary}")
     finally:
@@ -424,6 +431,13 @@ def cmd_loadtest(args) -> int:
         "device": _device_name(torch.device("cpu")) + f" (server {client.url})",
         "variants": len(names),
         "max_tokens": args.max_tokens,
+        "prompts": "Spec-Bench first turns, tasks interleaved; the same sequence in every mode, "
+        "none repeated within a mode unless the run needs more than the file holds; "
+        + (
+            "a fresh version of every variant per mode (empty n-gram pools)"
+            if args.adapter
+            else "variants as registered"
+        ),
         "results": results,
     }
     # policy mode from here on: every variant's strategy is back to the policy's

@@ -154,8 +154,10 @@ def run_level(
     concurrency: int,
     requests: int,
     max_tokens: int,
+    first_prompt: int = 0,
 ) -> Level:
-    """`requests` requests with `concurrency` in flight, round-robin over models and prompts."""
+    """`requests` requests with `concurrency` in flight, round-robin over models, taking prompts
+    from `first_prompt` on (so levels of a run need not repeat prompts)."""
     level, lock, next_i = Level(), threading.Lock(), [0]
 
     def worker() -> None:
@@ -166,7 +168,7 @@ def run_level(
                     return
                 next_i[0] += 1
             sample = stream_chat(
-                url, models[i % len(models)], prompts[i % len(prompts)], max_tokens
+                url, models[i % len(models)], prompts[(first_prompt + i) % len(prompts)], max_tokens
             )
             with lock:
                 level.samples.append(sample)

@@ -7,6 +7,7 @@ that request alone, so the one verifier and commit serve batched and single requ
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,14 +36,14 @@ class BatchInputs:
     logit_rows: list[list[int]]  # per row: its query rows whose logits the verifier reads
 
 
-def build_batch_inputs(rows: list[BatchRow], visible: torch.Tensor) -> BatchInputs:
+def build_batch_inputs(rows: list[BatchRow], visible: torch.Tensor, pad_to: int = 0) -> BatchInputs:
     """Stack each row's single-request layout (`forward.build_inputs`), padded to the widest row;
-    a row's past is its visible columns instead of a contiguous prefix.
+    a row's past is its visible columns instead of a contiguous prefix; at least `pad_to` wide.
 
     Example: visible [[T, T, F], [F, T, T]] (2 rows, 3 columns) and rows of width 1 and 2 give
     q = 2; row 0's padding query sees its 2 held columns and itself only.
     """
-    q = max(len(r.pending) + draft_width(r.draft) for r in rows)
+    q = max(max(len(r.pending) + draft_width(r.draft) for r in rows), pad_to)
     columns = visible.shape[1]
     ids, positions, logit_rows = [], [], []
     allowed = torch.zeros(len(rows), q, columns + q, dtype=torch.bool)
@@ -57,12 +58,16 @@ def build_batch_inputs(rows: list[BatchRow], visible: torch.Tensor) -> BatchInpu
 
 
 @torch.inference_mode()
-def verify_batch_forward(model, kv: BatchKV, rows: list[BatchRow]) -> list[ForwardOutput]:
+def verify_batch_forward(
+    model, kv: BatchKV, rows: list[BatchRow], pad_width: Callable[[int], int] | None = None
+) -> list[ForwardOutput]:
     """Run the target once over every row of `kv` (rows[b] is kv row b); kv grows by q columns,
-    all hidden until the commit keeps the accepted ones (`BatchKV.keep`)."""
+    all hidden until the commit keeps the accepted ones (`BatchKV.keep`). `pad_width(k)`: the
+    device's cheapest width >= k tokens; rows are padded so that rows x q reaches it (on CPU a
+    [2, 2] forward costs less than a [2, 1] one)."""
     if len(rows) != kv.rows:
         raise ValueError(f"{len(rows)} inputs for a batch cache of {kv.rows} rows")
-    inputs = build_batch_inputs(rows, kv.visible)
+    inputs = build_batch_inputs(rows, kv.visible, _padded_q(rows, pad_width))
     device = model.device
     mask = torch.zeros(inputs.allowed.shape, dtype=model.dtype, device=device)
     mask.masked_fill_(~inputs.allowed.to(device), torch.finfo(model.dtype).min)
@@ -85,6 +90,19 @@ def verify_batch_forward(model, kv: BatchKV, rows: list[BatchRow]) -> list[Forwa
         _row_output(out.logits[b], at, inputs.logit_rows[b], row, features, layers, b)
         for b, row in enumerate(rows)
     ]
+
+
+def _padded_q(rows: list[BatchRow], pad_width: Callable[[int], int] | None) -> int:
+    """Query rows per batch row so that the forward's rows x q lands on a cheap width.
+
+    Example: 2 rows of width 1 and pad_width(2) = 4 -> q 2 (a 4-token forward instead of 2);
+    16 rows and pad_width(16) = 20 -> q 1 (no q makes 16 x q equal 20).
+    """
+    if pad_width is None:
+        return 0
+    q = max(len(r.pending) + draft_width(r.draft) for r in rows)
+    target = pad_width(len(rows) * q)
+    return target // len(rows) if target % len(rows) == 0 else q
 
 
 def _row_output(logits, at, logit_rows, row: BatchRow, features, layers, b) -> ForwardOutput:

@@ -9,6 +9,7 @@ each row on its own. Events go to each request's sink; `run` drives it on a thre
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from specserve.engine.spec_budget import RowDraft, choose_cap
 from specserve.engine.tree import Draft, cap_draft
 
 __all__ = ["BatchSettings", "QueueFull", "Scheduler", "Ticket"]
+log = logging.getLogger(__name__)
 
 
 class QueueFull(RuntimeError):
@@ -45,6 +47,7 @@ class Ticket:
     reserve: int
     cancelled: bool = False
     row: int | None = None  # its row in the decode batch
+    error: BaseException | None = None  # set when a failed step ended it
 
 
 class Scheduler:
@@ -165,7 +168,22 @@ class Scheduler:
                 if self._stop:
                     return
             self._run_calls()
-            self.step()
+            try:
+                self.step()
+            except Exception as err:
+                log.exception("engine step failed; failing the requests it held")
+                self.fail_running(err)
+
+    def fail_running(self, err: BaseException) -> None:
+        """End every prefilling and decoding request with `err` (their state is unknown after a
+        failed step) and start from an empty batch; waiting requests stay queued."""
+        held = [*self.prefilling, *self.decoding]
+        self.prefilling.clear()
+        self.slots = []
+        self.kv.compact([])
+        for t in held:
+            t.error = err
+            self._release(t)
 
     # --- the loop thread ---
 
@@ -254,7 +272,7 @@ class Scheduler:
         cap = self._cap([drafts[t.id] for t in live], live)
         lengths = self.kv.lengths()
         rows = [self._row(t, drafts, cap, lengths[b]) for b, t in enumerate(self.slots)]
-        outs = verify_batch_forward(self.engine.model, self.kv, rows)
+        outs = verify_batch_forward(self.engine.model, self.kv, rows, self.engine.pad_width)
         finished = []
         for b, (ticket, row, out) in enumerate(zip(self.slots, rows, outs, strict=True)):
             if ticket is None:

@@ -229,6 +229,8 @@ class ModelService:
                     step, finished = await events.get()
                     if step is not None and step.text:
                         yield {"type": "delta", "text": step.text, "token_ids": step.new_ids}
+                if ticket.error is not None:
+                    raise RuntimeError(f"generation failed: {ticket.error}") from ticket.error
                 yield self._done(request, state, decision)
             finally:
                 if not finished:  # the consumer went away (client disconnect, cancellation)

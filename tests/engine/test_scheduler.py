@@ -152,8 +152,12 @@ def test_batched_rows_equal_each_request_alone(engine, seed, cost):
     """Random schedules: 14 requests over 3 adapters + base and 5 strategies, greedy and seeded
     sampling, prompts longer than the prefill chunk, joins and cancellations at random steps."""
     reqs = _requests(seed, 14)
+    engine.pad_width = (lambda k: 2 * k) if seed == 2 else None  # seed 2: padded batches
     scheduler = Scheduler(engine, BatchSettings(max_batch=6, prefill_chunk=16), cost)
-    seen = _run(engine, scheduler, reqs)
+    try:
+        seen = _run(engine, scheduler, reqs)
+    finally:
+        engine.pad_width = None
     checked = 0
     for i, req in enumerate(reqs):
         want = _alone(engine, req)
@@ -278,3 +282,28 @@ def test_loop_thread_serves_submissions_and_calls(engine):
     finally:
         scheduler.stop()
     assert not scheduler.running
+
+
+def test_a_failing_step_ends_the_running_requests_and_the_loop_goes_on(engine):
+    """A forward that raises ends the requests it held with the error; the loop keeps serving."""
+    scheduler = Scheduler(engine, BatchSettings(max_batch=2)).start()
+    try:
+        import threading
+
+        events = {name: threading.Event() for name in ("bad", "good")}
+        tickets = {}
+
+        def sink_for(name):
+            return lambda result, finished: finished and events[name].set()
+
+        original = scheduler._decode
+        scheduler._decode = lambda: (_ for _ in ()).throw(RuntimeError("boom"))
+        tickets["bad"] = scheduler.submit(_start(engine, max_new=20), "t", True, sink_for("bad"))
+        assert events["bad"].wait(timeout=30)
+        assert isinstance(tickets["bad"].error, RuntimeError) and scheduler.kv.rows == 0
+        scheduler._decode = original
+        tickets["good"] = scheduler.submit(_start(engine, max_new=5), "t", True, sink_for("good"))
+        assert events["good"].wait(timeout=30) and tickets["good"].error is None
+        assert tickets["good"].state.output_ids and scheduler.reserved == 0
+    finally:
+        scheduler.stop()
