@@ -305,6 +305,7 @@ class Attempt:
     admitted: bool = False  # got HTTP 200
     refused_s: float | None = None  # send -> status line, for refusals
     retry_after: bool = False
+    retry_after_s: float = 0.0  # the header's value (0 when absent or not a number)
     error: str = ""
 
 
@@ -324,8 +325,10 @@ def attempt_chat(
         resp = conn.getresponse()
         if resp.status in (429, 503):
             seconds = time.perf_counter() - started
+            header = resp.getheader("Retry-After") or ""
+            wait = float(header) if header.replace(".", "", 1).isdigit() else 0.0
             return Attempt(
-                "refused", refused_s=seconds, retry_after=bool(resp.getheader("Retry-After"))
+                "refused", refused_s=seconds, retry_after=bool(header), retry_after_s=wait
             )
         if resp.status != 200:
             return Attempt("failed", error=f"HTTP {resp.status}")
@@ -374,7 +377,8 @@ def _hammer(
     max_tokens: int,
     timeout: float,
 ) -> list[Attempt]:
-    """`clients` threads sending back to back until `seconds` pass; every attempt made."""
+    """`clients` threads sending back to back (after a refusal, waiting its Retry-After) until
+    `seconds` pass; every attempt made."""
     attempts: list[Attempt] = []
     lock, next_i = threading.Lock(), [0]
     deadline = time.perf_counter() + seconds
@@ -389,6 +393,8 @@ def _hammer(
             )
             with lock:
                 attempts.append(attempt)
+            if attempt.status == "refused":  # a well-behaved client honours Retry-After
+                time.sleep(max(0.0, min(attempt.retry_after_s, deadline - time.perf_counter())))
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:

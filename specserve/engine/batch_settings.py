@@ -21,3 +21,9 @@ class BatchSettings(BaseModel):
         256, ge=1, description="prompt tokens prefilled per step, over all new requests"
     )
     draft_reserve: int = Field(64, ge=0, description="KV positions reserved for a draft")
+    cap_from_rows: int = Field(
+        3,
+        ge=1,
+        description="cut drafts by load only from this many decoding rows; below, a strategy "
+        "drafts as tuned for a single request (the cost model values no aux branch)",
+    )

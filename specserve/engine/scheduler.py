@@ -305,7 +305,7 @@ class Scheduler:
         return BASE_ADAPTER if is_peft_model(self.engine.model) else None
 
     def _cap(self, drafts, live: list[Ticket]) -> int | None:
-        if self.relative_cost is None:
+        if self.relative_cost is None or len(live) < self.settings.cap_from_rows:
             self.last_cap = None
             return None
         row_drafts = [

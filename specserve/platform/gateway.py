@@ -176,6 +176,10 @@ class Gateway:
 
     # -- generation
     async def run(self, endpoint: str, req, http: Request) -> Response:
+        if self.settings.models and all(
+            self.inflight[m] >= self.settings.max_inflight_per_model for m in self.settings.models
+        ):  # refuse before any registry lookup: an overloaded server must answer 503 fast
+            raise _at_capacity("every model")
         base_model, target = await asyncio.to_thread(self.resolve, req.model, _bearer(http))
         params = self.sampling(req)
         if isinstance(req, ChatCompletionRequest):
@@ -183,13 +187,7 @@ class Gateway:
         else:
             gen = GenerateRequest(target=target, prompt=req.prompt, params=params)
         if self.inflight[base_model] >= self.settings.max_inflight_per_model:
-            raise ApiError(
-                503,
-                f"{base_model} is at capacity; retry shortly",
-                "overloaded_error",
-                code="overloaded",
-                headers={"Retry-After": "1"},
-            )
+            raise _at_capacity(base_model)
         self.inflight[base_model] += 1
         try:
             events = self.backend.stream(base_model, gen)
@@ -435,6 +433,16 @@ class _Meta:
             delta = {"content": text} if text else {}
             return {"index": 0, "delta": delta, "finish_reason": finish_reason}
         return {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+
+
+def _at_capacity(what: str) -> ApiError:
+    return ApiError(
+        503,
+        f"{what} is at capacity; retry shortly",
+        "overloaded_error",
+        code="overloaded",
+        headers={"Retry-After": "1"},
+    )
 
 
 def _data(obj: dict) -> str:

@@ -1,0 +1,84 @@
+"""In-process ceiling of the engine loop: C requests kept in flight (a finished one is replaced at
+once) over 8 resident copies of one LoRA adapter, `ar`, no HTTP, no Ray. Prints tokens/s.
+
+    python scripts/bench_batch.py --concurrency 16 --requests 32 --max-tokens 128 --mix
+    python scripts/bench_batch.py --concurrency 1 --requests 4 --max-tokens 128 --mix
+
+`--mix` interleaves the six Spec-Bench tasks (as `specserve loadtest` does); without it the file's
+order (MT-bench's short prompts first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from specserve.adapters.resident import ResidentAdapters, base_model_names
+from specserve.adapters.settings import AdapterLimits
+from specserve.engine.decode import Engine
+from specserve.engine.models import default_cache_dir, load_model
+from specserve.engine.prompts import encode_messages
+from specserve.engine.sampling import SamplingParams
+from specserve.engine.scheduler import BatchSettings, Scheduler
+from specserve.loadtest import interleave_tasks
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--adapter", type=Path, default=default_cache_dir() / "adapters" / "pydocs-v2")
+    ap.add_argument("--variants", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--data", type=Path, default=Path("../shared/bench/specbench_dev.jsonl"))
+    ap.add_argument("--mix", action="store_true", help="interleave the six tasks")
+    args = ap.parse_args()
+
+    loaded = load_model(args.model)
+    limits = AdapterLimits(root=args.adapter.parent, max_resident=max(args.variants, 1))
+    adapters = ResidentAdapters(loaded.model, base_model_names(args.model), limits)
+    names = [f"v{i}" for i in range(args.variants)]
+    for name in names:
+        adapters.ensure(name, str(args.adapter))
+    engine = Engine(adapters.model, loaded.tokenizer, loaded.eos_token_ids)
+    rows = [json.loads(line) for line in args.data.read_text().splitlines()]
+    texts = interleave_tasks(rows) if args.mix else [r["turns"][0] for r in rows]
+    prompts = [encode_messages(loaded.tokenizer, [{"role": "user", "content": t}]) for t in texts]
+    params = SamplingParams(max_new_tokens=args.max_tokens)
+    scheduler = Scheduler(engine, BatchSettings())
+    count = {"next": 0, "done": 0, "tokens": 0}
+
+    def submit() -> None:
+        i = count["next"]
+        count["next"] += 1
+        state = engine.start(
+            prompts[i % len(prompts)], params, "ar", None, None, names[i % len(names)]
+        )
+        scheduler.submit(state, names[i % len(names)], True, sink)
+
+    def sink(step, finished: bool) -> None:
+        if step is not None:
+            count["tokens"] += len(step.new_ids)
+        if finished:
+            count["done"] += 1
+            if count["next"] < args.requests:
+                submit()
+
+    start = time.perf_counter()
+    for _ in range(args.concurrency):
+        submit()
+    while count["done"] < args.requests:
+        scheduler.step()
+    seconds = time.perf_counter() - start
+    print(
+        f"concurrency {args.concurrency}, {args.requests} requests, {args.max_tokens} max tokens, "
+        f"{'mixed tasks' if args.mix else 'file order'}: {count['tokens'] / seconds:.1f} tok/s "
+        f"({count['tokens']} tokens in {seconds:.1f} s, {scheduler.steps} steps)"
+    )
+
+
+if __name__ == "__main__":
+    main()
