@@ -1,7 +1,8 @@
 """The decode loop shared by every strategy: propose -> verify -> commit -> stream.
 
 All per-request state (tokens, KV cache, proposer and its pool, random generator, text stream)
-lives in `RequestState`, so a later batcher can step many requests in one forward.
+lives in `RequestState`; `step` is propose + verify + accept + commit for one request, and the
+scheduler (`engine/scheduler.py`) uses the same propose / accept / commit for a batch.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Every touch of transformers internals lives here, pinned by tests/engine/test_hf_internals.py:
 the KV cache (one entry per committed position; `keep_rows` keeps the accepted nodes' entries and
-drops the rest; `append_row` / `gather_rows` manage a batch of requests' caches) and the quantizer marker a GGUF-loaded model carries.
+drops the rest; `GrowingLayer`, `append_row`, `write_row`, `gather_rows` hold a batch of requests'
+caches) and the quantizer marker a GGUF-loaded model carries.
 """
 
 from __future__ import annotations

@@ -214,7 +214,11 @@ class ModelService:
         if not self.scheduler.running:
             self.start()
         prepared = self.scheduler.call(lambda: self._prepare(request))
-        state, decision, hold = await asyncio.wrap_future(prepared)
+        try:
+            state, decision, hold = await asyncio.wrap_future(prepared)
+        except asyncio.CancelledError:  # gone before its turn: release what it may still get
+            prepared.add_done_callback(_close_hold)
+            raise
         self.ongoing += 1
         finished = False
         try:
@@ -285,3 +289,9 @@ class ModelService:
                 "train_kind": decision.train_kind,
             },
         }
+
+
+def _close_hold(prepared) -> None:
+    """Close the adapter hold of a prepared request nobody will run."""
+    if not prepared.cancelled() and prepared.exception() is None:
+        prepared.result()[2].close()

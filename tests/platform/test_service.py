@@ -312,3 +312,29 @@ def test_twenty_streams_cut_early_leave_the_batch_within_a_step(service):
     assert service.scheduler.active() == 0 and service.ongoing == 0 and service.cancelled == 20
     assert service.scheduler.kv.rows == 0 and service.scheduler.reserved == 0
     assert steps_after <= 2
+
+
+def test_request_cancelled_before_its_turn_holds_nothing(service, make_adapter, tiny_llama):
+    """A consumer that goes away while its request waits for the engine thread leaves no adapter
+    hold behind, and the loop keeps serving."""
+    import threading
+
+    path = make_adapter("v", tiny_llama(1, init_range=0.1), seed=7)
+    target = Target(name="v", version=1, adapter_path=str(path), version_times=[1e6 - 10])
+    gate = threading.Event()
+
+    async def go():
+        service.start()
+        service.scheduler.call(lambda: gate.wait(10))  # the engine thread is busy
+        agen = service.generate(_request(target, max_new=4))
+        first = asyncio.ensure_future(agen.__anext__())
+        await asyncio.sleep(0.1)
+        first.cancel()
+        gate.set()
+        await asyncio.sleep(0.3)
+        return [e async for e in service.generate(_request(target, max_new=4))]
+
+    events = asyncio.run(go())
+    assert events[-1]["usage"]["completion_tokens"] == 4
+    assert all(r.holds == 0 for r in service.adapters._resident.values())
+    assert service.ongoing == 0 and service.scheduler.active() == 0
