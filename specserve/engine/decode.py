@@ -230,8 +230,10 @@ class Engine:
         if out.features is not None and not state.done:
             # rows whose next token is now committed: every pending row, then the accepted nodes
             rows = list(range(pending)) + [pending + i for i in accepted[: len(new_ids) - 1]]
-            features = torch.cat([*state.prefill_features, out.features[rows]])
-            state.prefill_features = []
+            features = out.features[rows]
+            if state.prefill_features:  # a chunked prefill: the earlier chunks' features first
+                features = torch.cat([*state.prefill_features, features])
+                state.prefill_features = []
             state.proposer.observe_features(features, state.tokens)
         return StepResult(new_ids, self._stream_text(state, new_ids))
 

@@ -214,11 +214,9 @@ class ModelService:
         if not self.scheduler.running:
             self.start()
         prepared = self.scheduler.call(lambda: self._prepare(request))
-        try:
-            state, decision, hold = await asyncio.wrap_future(prepared)
-        except asyncio.CancelledError:  # gone before its turn: release what it may still get
-            prepared.add_done_callback(_close_hold)
-            raise
+        # a consumer gone before this returns drops the result: its hold (a context-manager
+        # generator) is closed when the ExitStack is freed
+        state, decision, hold = await asyncio.wrap_future(prepared)
         self.ongoing += 1
         finished = False
         try:
@@ -289,9 +287,3 @@ class ModelService:
                 "train_kind": decision.train_kind,
             },
         }
-
-
-def _close_hold(prepared) -> None:
-    """Close the adapter hold of a prepared request nobody will run."""
-    if not prepared.cancelled() and prepared.exception() is None:
-        prepared.result()[2].close()

@@ -314,24 +314,36 @@ def test_twenty_streams_cut_early_leave_the_batch_within_a_step(service):
     assert steps_after <= 2
 
 
-def test_request_cancelled_before_its_turn_holds_nothing(service, make_adapter, tiny_llama):
-    """A consumer that goes away while its request waits for the engine thread leaves no adapter
-    hold behind, and the loop keeps serving."""
+def test_request_cancelled_while_being_prepared_releases_its_adapter(
+    service, make_adapter, tiny_llama
+):
+    """A consumer that goes away while the engine thread is preparing its request (loading the
+    adapter, taking its hold) leaves no hold behind once the preparation finishes (the dropped
+    result's hold is closed when it is freed) and the loop keeps serving the variant."""
     import threading
 
     path = make_adapter("v", tiny_llama(1, init_range=0.1), seed=7)
     target = Target(name="v", version=1, adapter_path=str(path), version_times=[1e6 - 10])
-    gate = threading.Event()
+    entered, gate = threading.Event(), threading.Event()
+    ensure = service.ensure_variant
+
+    def slow_ensure(t):
+        name = ensure(t)
+        entered.set()
+        gate.wait(10)  # preparation is running when the consumer leaves
+        return name
+
+    service.ensure_variant = slow_ensure
 
     async def go():
-        service.start()
-        service.scheduler.call(lambda: gate.wait(10))  # the engine thread is busy
         agen = service.generate(_request(target, max_new=4))
         first = asyncio.ensure_future(agen.__anext__())
-        await asyncio.sleep(0.1)
+        await asyncio.to_thread(entered.wait, 10)
         first.cancel()
+        await asyncio.sleep(0.05)
         gate.set()
-        await asyncio.sleep(0.3)
+        service.ensure_variant = ensure
+        # runs after the first preparation on the same engine thread, so after its hold closed
         return [e async for e in service.generate(_request(target, max_new=4))]
 
     events = asyncio.run(go())
