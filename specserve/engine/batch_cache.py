@@ -1,10 +1,12 @@
 """One KV cache shared by the rows of a decode batch, with per-row visible positions.
 
-Every forward appends q columns to every row; a row keeps (marks visible) only the columns of its
-committed tokens, so rows of different lengths and accept counts share one tensor without copies.
-Columns carry their rotary positions in the keys, so their order never matters. A leaving row's
-slot is reused by the next request that fits (one row written, no whole-cache copy); free slots
-and hidden columns are reclaimed by `compact`, one gather of the whole cache.
+Every forward writes q columns into every row; a row keeps (marks visible) only the columns of
+its committed tokens, so rows of different lengths and accept counts share one tensor without
+copies. Ragged (the cache and attention allow it): row b writes right after its own last kept
+column (`ends[b]`) and attends only [0, ends[b] + q), so short rows neither grow with nor read
+the long ones. Otherwise every row writes after the common end. Columns carry their rotary
+positions in the keys, so their order never matters. A leaving row's slot is reused by the next
+request that fits; free slots and hidden columns are reclaimed by `compact`, one gather.
 """
 
 from __future__ import annotations
@@ -17,12 +19,16 @@ from specserve.engine import hf_internals
 class BatchKV:
     """Rows are identified by their index; `visible` [rows, columns] marks what each row attends."""
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, ragged: bool = True) -> None:
+        """`ragged`: rows write at their own end where the cache allows it (the mask keeps any
+        attention exact; `hf_internals.enable_row_attention` makes it skip the rest)."""
         self.config = config
         self.cache = hf_internals.new_batch_cache(config)
+        self.ragged = ragged and hf_internals.row_writes(self.cache)
         with torch.inference_mode():  # every update happens in inference mode (see the methods)
             self.visible = torch.zeros(0, 0, dtype=torch.bool)  # [rows, columns]
-        self._last_q = 0  # columns the last forward appended
+        self.ends: list[int] = []  # per row: 1 + its last held column (0: holds none)
+        self._starts: list[int] = []  # per row: where the last forward wrote its first column
         self.free: list[int] = []  # rows no request holds (padding in a forward until reused)
 
     @property
@@ -48,6 +54,7 @@ class BatchKV:
             hf_internals.write_row(self.cache, row, row_cache, length)
             self.visible[row] = False
             self.visible[row, :length] = True
+            self.ends[row] = length
             return row
         hf_internals.append_row(self.cache, row_cache, length)
         width = max(self.columns, length)
@@ -55,26 +62,45 @@ class BatchKV:
         visible[: self.rows, : self.columns] = self.visible
         visible[self.rows, :length] = True
         self.visible = visible
+        self.ends.append(length)
         return self.rows - 1
 
     @torch.inference_mode()
     def release(self, row: int) -> None:
         """The row's request left: its slot is free (it attends nothing until reused)."""
         self.visible[row] = False
+        self.ends[row] = 0
         self.free.append(row)
 
     @torch.inference_mode()
-    def grow(self, q: int) -> None:
-        """A forward appended `q` columns to every row, all hidden until `keep` marks them."""
-        self.visible = torch.cat([self.visible, torch.zeros(self.rows, q, dtype=torch.bool)], 1)
-        self._last_q = q
+    def begin(self, q: int) -> list[int]:
+        """A forward of q query rows is about to run: per row, the column its first new entry
+        goes to (the cache is told so). The new columns stay hidden until `keep` marks them."""
+        starts = list(self.ends) if self.ragged else [self.columns] * self.rows
+        if self.ragged:
+            hf_internals.set_write_columns(self.cache, starts)
+        width = max(starts, default=0) + q  # the cache's used part after the forward
+        if width >= self.columns:  # (columns past every row's end are all hidden)
+            extra = torch.zeros(self.rows, width - self.columns, dtype=torch.bool)
+            self.visible = torch.cat([self.visible, extra], 1)
+        else:
+            self.visible = self.visible[:, :width].clone()
+        self._starts = starts
+        return starts
+
+    def extents(self, q: int) -> list[int] | None:
+        """Per row, the columns the forward `begin(q)` announced may attend: [0, start + q)
+        (None when not ragged: every row attends every column)."""
+        return [start + q for start in self._starts] if self.ragged else None
 
     @torch.inference_mode()
     def keep(self, row: int, new_columns: list[int]) -> None:
         """Mark columns of the last forward (0 = its first query row) as held by `row`."""
-        start = self.columns - self._last_q
+        start = self._starts[row]
         for c in new_columns:
             self.visible[row, start + c] = True
+        if new_columns:
+            self.ends[row] = max(self.ends[row], start + max(new_columns) + 1)
 
     @torch.inference_mode()
     def compact(self, keep_rows: list[int]) -> None:
@@ -83,6 +109,7 @@ class BatchKV:
         if not keep_rows:
             self.cache = hf_internals.new_batch_cache(self.config)
             self.visible = torch.zeros(0, 0, dtype=torch.bool)
+            self.ends = []
             return
         visible = self.visible[keep_rows]  # [rows', columns]
         lengths = visible.sum(dim=1)
@@ -95,11 +122,16 @@ class BatchKV:
             packed[i, : len(held)] = True
         hf_internals.gather_rows(self.cache, torch.tensor(keep_rows), columns)
         self.visible = packed
+        self.ends = lengths.tolist()
 
     def wasted(self) -> float:
-        """Fraction of the cache's columns no row attends (what `compact` would reclaim)."""
+        """Fraction of the columns the rows' attention reads that no row holds (what `compact`
+        would save): hidden columns inside each row's extent (ragged), or the columns past the
+        longest row (not ragged)."""
         if self.rows == 0 or self.columns == 0:
             return 0.0
+        if self.ragged:
+            return 1.0 - sum(self.lengths()) / max(sum(self.ends), 1)
         return 1.0 - max(self.lengths()) / self.columns
 
     def needs_compaction(self) -> bool:

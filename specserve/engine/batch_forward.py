@@ -1,7 +1,7 @@
 """One forward of the target over many requests: row b = [its pending tokens | its draft], padded.
 
 Each row has its own positions, LoRA adapter and tree mask; the past it sees is the columns its
-`BatchKV` row holds. The output is one `ForwardOutput` per row, exactly what `verify_forward` gives
+`BatchKV` row holds, and its new entries go where `BatchKV.begin` says (ragged: after its own). The output is one `ForwardOutput` per row, exactly what `verify_forward` gives
 that request alone, so the one verifier and commit serve batched and single requests alike.
 """
 
@@ -32,28 +32,35 @@ class BatchRow:
 class BatchInputs:
     input_ids: torch.Tensor  # [b, q]
     position_ids: torch.Tensor  # [b, q]
-    allowed: torch.Tensor  # [b, q, columns + q] bool
+    allowed: torch.Tensor  # [b, q, columns] bool
     logit_rows: list[list[int]]  # per row: its query rows whose logits the verifier reads
 
 
-def build_batch_inputs(rows: list[BatchRow], visible: torch.Tensor, pad_to: int = 0) -> BatchInputs:
-    """Stack each row's single-request layout (`forward.build_inputs`), padded to the widest row;
-    a row's past is its visible columns instead of a contiguous prefix; at least `pad_to` wide.
+def batch_width(rows: list[BatchRow], pad_to: int = 0) -> int:
+    """Query rows of the forward: the widest row (pending + draft), at least `pad_to`."""
+    return max(max(len(r.pending) + draft_width(r.draft) for r in rows), pad_to)
 
-    Example: visible [[T, T, F], [F, T, T]] (2 rows, 3 columns) and rows of width 1 and 2 give
-    q = 2; row 0's padding query sees its 2 held columns and itself only.
+
+def build_batch_inputs(
+    rows: list[BatchRow], visible: torch.Tensor, starts: list[int], q: int
+) -> BatchInputs:
+    """Stack each row's single-request layout (`forward.build_inputs`), padded to q query rows;
+    a row's past is its visible columns before `starts[b]` instead of a contiguous prefix, and
+    its new block sits at columns [starts[b], starts[b] + q) of `visible` [b, columns].
+
+    Example: visible [[T, T, F, F, F], [F, T, T, F, F]], starts [2, 3], q = 2 (rows of width 1
+    and 2): row 0's padding query sees its held columns 0, 1 and itself (3); row 1's draft
+    token sees 1, 2, its pending token (3) and itself (4).
     """
-    q = max(max(len(r.pending) + draft_width(r.draft) for r in rows), pad_to)
-    columns = visible.shape[1]
     ids, positions, logit_rows = [], [], []
-    allowed = torch.zeros(len(rows), q, columns + q, dtype=torch.bool)
-    for b, row in enumerate(rows):
+    allowed = torch.zeros(len(rows), q, visible.shape[1], dtype=torch.bool)
+    for b, (row, start) in enumerate(zip(rows, starts, strict=True)):
         single = build_inputs(row.past, row.pending, row.draft, pad_to=q)
         ids.append(single.input_ids[0])
         positions.append(single.position_ids[0])
         logit_rows.append(single.logit_rows.tolist())
-        allowed[b, :, :columns] = visible[b]
-        allowed[b, :, columns:] = single.allowed[:, row.past :]
+        allowed[b, :, :start] = visible[b, :start]
+        allowed[b, :, start : start + q] = single.allowed[:, row.past :]
     return BatchInputs(torch.stack(ids), torch.stack(positions), allowed, logit_rows)
 
 
@@ -61,13 +68,16 @@ def build_batch_inputs(rows: list[BatchRow], visible: torch.Tensor, pad_to: int 
 def verify_batch_forward(
     model, kv: BatchKV, rows: list[BatchRow], pad_width: Callable[[int], int] | None = None
 ) -> list[ForwardOutput]:
-    """Run the target once over every row of `kv` (rows[b] is kv row b); kv grows by q columns,
-    all hidden until the commit keeps the accepted ones (`BatchKV.keep`). `pad_width(k)`: the
-    device's cheapest width >= k tokens; rows are padded so that rows x q reaches it (on CPU a
-    [2, 2] forward costs less than a [2, 1] one)."""
+    """Run the target once over every row of `kv` (rows[b] is kv row b); each row gets q new
+    columns, all hidden until the commit keeps the accepted ones (`BatchKV.keep`).
+    `pad_width(k)`: the device's cheapest width >= k tokens; rows are padded so that rows x q
+    reaches it (on CPU a [2, 2] forward costs less than a [2, 1] one)."""
     if len(rows) != kv.rows:
         raise ValueError(f"{len(rows)} inputs for a batch cache of {kv.rows} rows")
-    inputs = build_batch_inputs(rows, kv.visible, _padded_q(rows, pad_width))
+    q = batch_width(rows, _padded_q(rows, pad_width))
+    starts = kv.begin(q)
+    inputs = build_batch_inputs(rows, kv.visible, starts, q)
+    extents = kv.extents(q)
     device = model.device
     mask = torch.zeros(inputs.allowed.shape, dtype=model.dtype, device=device)
     mask.masked_fill_(~inputs.allowed.to(device), torch.finfo(model.dtype).min)
@@ -77,13 +87,13 @@ def verify_batch_forward(
         out = model(
             input_ids=inputs.input_ids.to(device),
             position_ids=inputs.position_ids.to(device),
-            attention_mask=mask[:, None],  # [b, 1, q, columns + q]
+            attention_mask=mask[:, None],  # [b, 1, q, columns]
             **hf_internals.cache_kwargs(model, kv.cache),
             use_cache=True,
             logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),
             **({"output_hidden_states": True} if layers else {}),
+            **({"row_extents": extents} if extents is not None else {}),
         )
-    kv.grow(inputs.input_ids.shape[1])
     at = {r: i for i, r in enumerate(keep)}
     features = hf_internals.hidden_features(out, layers) if layers else None  # [b, q, L, H]
     return [

@@ -1,7 +1,8 @@
 """Every touch of transformers internals lives here, pinned by tests/engine/test_hf_internals.py:
 the KV cache (one entry per committed position; `keep_rows` keeps the accepted nodes' entries and
 drops the rest; `GrowingLayer`, `append_row`, `write_row`, `gather_rows` hold a batch of requests'
-caches) and the quantizer marker a GGUF-loaded model carries.
+caches, each row writing at its own column), the row-wise attention registered with transformers'
+`AttentionInterface`, and the quantizer marker a GGUF-loaded model carries.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import functools
 import inspect
 
 import torch
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 
 def new_cache(config) -> DynamicCache:
@@ -60,11 +63,16 @@ def keep_rows(cache: DynamicCache, start: int, rows: list[int]) -> None:
 class GrowingLayer(DynamicLayer):
     """A DynamicLayer whose `update` writes into spare capacity instead of concatenating, so a
     step over a long batch cache does not copy all of it. `keys` / `values` are views of the
-    used part; assigning them (as `append_row` / `gather_rows` do) replaces the buffers."""
+    used part; assigning them (as `append_row` / `gather_rows` do) replaces the buffers.
+
+    With `write_at` set (`set_write_columns`), batch row b writes its q new entries at columns
+    [write_at[b], write_at[b] + q) and the used part becomes max(write_at) + q: rows of different
+    lengths each append right after their own entries (a ragged batch in one tensor)."""
 
     def __init__(self) -> None:
         self._k = self._v = None  # [b, h, capacity, d]
         self._used = 0
+        self.write_at: list[int] | None = None  # per batch row; None: everyone at `_used`
         super().__init__()
 
     @property
@@ -92,27 +100,53 @@ class GrowingLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         q = key_states.shape[2]
+        starts = self.write_at or [self._used] * key_states.shape[0]
+        end = max(starts) + q
         if self._k is None or self._k.dim() < 4:
             self._k, self._v, self._used = key_states.new_zeros(0), value_states.new_zeros(0), 0
-            self._grow(key_states, value_states, q)
-        elif self._used + q > self._k.shape[2]:
-            self._grow(key_states, value_states, q)
-        end = self._used + q
-        self._k[:, :, self._used : end] = key_states
-        self._v[:, :, self._used : end] = value_states
+            self._grow(key_states, value_states, end)
+        elif end > self._k.shape[2]:
+            self._grow(key_states, value_states, end)
+        if min(starts) == max(starts):  # one slice for every row
+            self._k[:, :, starts[0] : end] = key_states
+            self._v[:, :, starts[0] : end] = value_states
+        else:
+            columns = torch.tensor(starts, device=key_states.device)[:, None] + torch.arange(
+                q, device=key_states.device
+            )  # [b, q]
+            self._k.scatter_(2, _per_entry(columns, key_states), key_states)
+            self._v.scatter_(2, _per_entry(columns, value_states), value_states)
         self._used = end
         return self.keys, self.values
 
-    def _grow(self, key_states, value_states, q: int) -> None:
+    def _grow(self, key_states, value_states, end: int) -> None:
         """Reallocate with room for half as much again (and 64 more) and copy the used part."""
         b, h, _, d = key_states.shape
-        capacity = (self._used + q) * 3 // 2 + 64
+        capacity = end * 3 // 2 + 64
         k = key_states.new_empty(b, h, capacity, d)  # never read past `_used`
         v = value_states.new_empty(b, h, capacity, value_states.shape[3])
         if self._used:
             k[:, :, : self._used] = self._k[:, :, : self._used]
             v[:, :, : self._used] = self._v[:, :, : self._used]
         self._k, self._v = k, v
+
+
+def _per_entry(columns: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """[b, q] columns -> the scatter index for states [b, h, q, d]."""
+    b, h, q, d = states.shape
+    return columns[:, None, :, None].expand(b, h, q, d)
+
+
+def set_write_columns(cache: DynamicCache, columns: list[int] | None) -> None:
+    """The next forward writes batch row b's entries from column columns[b] on (None: all rows
+    after the used part). Only for a cache where `row_writes(cache)` holds."""
+    for layer in cache.layers:
+        layer.write_at = columns
+
+
+def row_writes(cache: DynamicCache) -> bool:
+    """Every layer can write each batch row at its own column (no sliding-window layers)."""
+    return all(isinstance(layer, GrowingLayer) for layer in cache.layers)
 
 
 def new_batch_cache(config) -> DynamicCache:
@@ -175,6 +209,62 @@ def gather_rows(cache: DynamicCache, rows: torch.Tensor, columns: torch.Tensor) 
         new_keys = torch.gather(layer.keys[r], 2, index)
         new_values = torch.gather(layer.values[r], 2, index)
         layer.keys, layer.values = new_keys, new_values  # both read before either is replaced
+
+
+ROW_ATTENTION = "specserve_rows"
+
+
+def _row_attention(
+    module, query, key, value, attention_mask, row_extents=None, scaling=None, dropout=0.0, **kwargs
+):
+    """transformers' sdpa without a mask; with one (query [b, heads, q, d], key/value
+    [b, kv_heads, columns, d], mask [b, 1, q, columns]), torch's sdpa with grouped-query heads
+    (transformers would copy every key/value head group on CPU) and, given `row_extents`, each
+    batch row on its own key columns [0, e_b) only, so short rows skip the long rows' padding.
+    Returns ([b, q, heads, d], None) as transformers' attention functions do."""
+    if attention_mask is None:
+        return sdpa_attention_forward(
+            module, query, key, value, None, scaling=scaling, dropout=dropout, **kwargs
+        )
+    gqa = query.shape[1] != key.shape[1]
+    if row_extents is None:
+        out = _sdpa(query, key, value, attention_mask, scaling, dropout, gqa)
+    else:
+        out = torch.cat(
+            [
+                _sdpa(
+                    query[b : b + 1],
+                    key[b : b + 1, :, :e],
+                    value[b : b + 1, :, :e],
+                    attention_mask[b : b + 1, :, :, :e],
+                    scaling,
+                    dropout,
+                    gqa,
+                )
+                for b, e in enumerate(row_extents)
+            ]
+        )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _sdpa(query, key, value, mask, scaling, dropout, gqa) -> torch.Tensor:
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=gqa
+    )
+
+
+def enable_row_attention(model) -> bool:
+    """Switch an sdpa model to `ROW_ATTENTION` (sdpa unless a forward passes `row_extents`);
+    False (and nothing changed) for other attention implementations."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if base.config._attn_implementation == ROW_ATTENTION:
+        return True
+    if base.config._attn_implementation != "sdpa":
+        return False
+    AttentionInterface.register(ROW_ATTENTION, _row_attention)
+    AttentionMaskInterface.register(ROW_ATTENTION, sdpa_mask)
+    base.set_attn_implementation(ROW_ATTENTION)
+    return base.config._attn_implementation == ROW_ATTENTION
 
 
 def strip_quantizer(model) -> None:

@@ -63,6 +63,7 @@ class Scheduler:
         self.settings = settings or BatchSettings()
         self.relative_cost = relative_cost
         self.kv = BatchKV(engine.model.config)
+        hf_internals.enable_row_attention(engine.model)  # each row attends its own columns only
         self.waiting: OrderedDict[str, deque[Ticket]] = OrderedDict()
         self.prefilling: deque[Ticket] = deque()
         self.slots: list[Ticket | None] = []  # slots[i] holds batch row i (None: a free row)

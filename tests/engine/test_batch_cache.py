@@ -1,5 +1,6 @@
 """specserve.engine.batch_cache.BatchKV: rows of different lengths in one cache, visible columns,
-and compaction that keeps every row's held key/value vectors."""
+ragged writes (each row after its own end) and the common-end layout, and compaction that keeps
+every row's held key/value vectors."""
 
 from __future__ import annotations
 
@@ -23,15 +24,18 @@ def _filled(model, tokens: list[int]):
 
 
 @torch.inference_mode()
-def _forward(kv: BatchKV, q: int, seed: int) -> None:
-    """Stand-in for a batch forward: append q random columns to every row of every layer."""
+def _forward(kv: BatchKV, q: int, seed: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Stand-in for a batch forward: q random new entries for every row of every layer, written
+    where `begin` says; returns the starts and each layer's new keys [b, h, q, d]."""
+    starts = kv.begin(q)
     g = torch.Generator().manual_seed(seed)
+    new_keys = []
     for i, layer in enumerate(kv.cache.layers):
         b, h, _, d = layer.keys.shape
-        kv.cache.update(
-            torch.randn(b, h, q, d, generator=g), torch.randn(b, h, q, d, generator=g), i
-        )
-    kv.grow(q)
+        keys = torch.randn(b, h, q, d, generator=g)
+        kv.cache.update(keys, torch.randn(b, h, q, d, generator=g), i)
+        new_keys.append(keys)
+    return starts, new_keys
 
 
 def _snapshot(kv: BatchKV):
@@ -84,10 +88,10 @@ def test_add_rows_of_different_lengths(model):
             assert torch.equal(layer.values[row, :, :n], s.values[0, :, :n])
 
 
-def test_grow_hides_new_columns_until_keep(model):
-    """grow adds hidden columns (wasted rises); keep marks columns of the last forward only,
-    counted from that forward's first query row."""
-    kv = BatchKV(model.config)
+def test_common_end_hides_new_columns_until_keep(model):
+    """Not ragged: a forward adds q hidden columns after the common end (wasted rises); keep
+    marks columns of the last forward only, counted from that forward's first query row."""
+    kv = BatchKV(model.config, ragged=False)
     kv.add(_filled(model, [1, 2, 3, 4]), 4)
     kv.add(_filled(model, [5, 6]), 2)
     _forward(kv, 3, seed=0)
@@ -106,69 +110,116 @@ def test_grow_hides_new_columns_until_keep(model):
     assert kv.visible[1, 7] and not kv.visible[1, 8] and not kv.visible[0, 7:].any()
     assert kv.lengths() == [6, 4]
     assert kv.wasted() == pytest.approx(1 - 6 / 9)
+    assert kv.extents(2) is None  # every row attends every column
 
 
-def _busy_batch(model):
+def test_ragged_rows_write_after_their_own_end(model):
+    """Ragged: row b's new entries land at [ends[b], ends[b] + q); the cache is only as wide as
+    the longest row's end + q; a row's rejected tail is overwritten by its next forward; holes
+    left by a kept-then-skipped column stay hidden; extents are start + q."""
+    kv = BatchKV(model.config)
+    assert kv.ragged
+    kv.add(_filled(model, [1, 2, 3, 4]), 4)
+    kv.add(_filled(model, [5, 6]), 2)
+    starts, new_keys = _forward(kv, 3, seed=0)
+    assert starts == [4, 2] and kv.extents(3) == [7, 5]
+    assert kv.columns == 7 == hf_internals.cache_length(kv.cache)
+    for layer, keys in zip(kv.cache.layers, new_keys, strict=True):
+        assert torch.equal(layer.keys[0, :, 4:7], keys[0])
+        assert torch.equal(layer.keys[1, :, 2:5], keys[1])
+    kv.keep(0, [0, 2])  # a hole at column 5
+    kv.keep(1, [0])  # columns 3, 4 rejected
+    assert kv.ends == [7, 3] and kv.lengths() == [6, 3]
+    assert kv.wasted() == pytest.approx(1 - 9 / 10)
+    starts, new_keys = _forward(kv, 2, seed=1)
+    assert starts == [7, 3] and kv.columns == 9
+    for layer, keys in zip(kv.cache.layers, new_keys, strict=True):
+        assert torch.equal(layer.keys[1, :, 3:5], keys[1])  # over the rejected tail
+    kv.keep(1, [0, 1])
+    assert kv.visible[1].tolist() == [True] * 5 + [False] * 4
+    assert kv.visible[0].tolist() == [True] * 5 + [False, True, False, False]
+
+
+def test_ragged_cache_narrows_when_the_longest_row_leaves(model):
+    """Ragged: a released row's end is 0, so the next forward's used width follows the rows
+    still held (the free row writes its padding at column 0)."""
+    kv = BatchKV(model.config)
+    kv.add(_filled(model, list(range(10))), 10)
+    kv.add(_filled(model, [5, 6]), 2)
+    kv.release(0)
+    starts, _ = _forward(kv, 1, seed=0)
+    assert starts == [0, 2] and kv.columns == 3 == hf_internals.cache_length(kv.cache)
+
+
+def _busy_batch(model, ragged: bool):
     """Four rows of different lengths after two forwards with scattered keeps, a row added in
     between; returns the BatchKV and each row's held columns as tracked independently here."""
-    kv = BatchKV(model.config)
+    kv = BatchKV(model.config, ragged=ragged)
     held: list[list[int]] = []
     for tokens in ([1, 2, 3], [4, 5, 6, 7, 8], [9, 10]):
         kv.add(_filled(model, tokens), len(tokens))
         held.append(list(range(len(tokens))))
-    _forward(kv, 4, seed=2)  # columns 5..8
-    for row, keep in ((0, [0, 1]), (1, [0, 3]), (2, [])):
+    starts, _ = _forward(kv, 4, seed=2)
+    for row, keep in ((0, [0, 1]), (1, [0, 3]), (2, [0])):
         kv.keep(row, keep)
-        held[row] += [5 + c for c in keep]
+        held[row] += [starts[row] + c for c in keep]
     kv.add(_filled(model, [30, 31, 32, 33]), 4)  # joins after the forward: columns 0..3
     held.append([0, 1, 2, 3])
-    _forward(kv, 3, seed=3)  # columns 9..11
+    starts, _ = _forward(kv, 3, seed=3)
     for row, keep in ((0, [2]), (1, [0, 1, 2]), (2, [1]), (3, [0])):
         kv.keep(row, keep)
-        held[row] += [9 + c for c in keep]
+        held[row] += [starts[row] + c for c in keep]
     return kv, held
 
 
-def test_busy_batch_tracks_visible_and_lengths(model):
+@pytest.mark.parametrize("ragged", [False, True], ids=["common-end", "ragged"])
+def test_busy_batch_tracks_visible_and_lengths(model, ragged):
     """visible and lengths() match the columns each row was given, and wasted() the rest."""
-    kv, held = _busy_batch(model)
-    assert kv.columns == 12
+    kv, held = _busy_batch(model, ragged)
     for row, cols in enumerate(held):
         assert kv.visible[row].nonzero().flatten().tolist() == cols
-    assert kv.lengths() == [len(c) for c in held] == [6, 10, 3, 5]
-    assert kv.wasted() == pytest.approx(1 - 10 / 12)
+    assert kv.lengths() == [len(c) for c in held] == [6, 10, 4, 5]
+    if ragged:  # row 1 held 0..4, wrote 5..8 (kept 5, 8), then 9..11 (kept all)
+        assert kv.columns == 12 and kv.ends == [8, 12, 5, 5]
+        assert kv.wasted() == pytest.approx(1 - 25 / 30)
+    else:
+        assert kv.columns == 12
+        assert kv.wasted() == pytest.approx(1 - 10 / 12)
 
 
+@pytest.mark.parametrize("ragged", [False, True], ids=["common-end", "ragged"])
 @pytest.mark.parametrize(
     "keep_rows",
     [[0, 1, 2, 3], [0, 2, 3], [3, 1], [2], [1, 0, 3, 2]],
     ids=["all", "drop-middle", "reorder", "one", "permute"],
 )
-def test_compact_keeps_each_rows_vectors(model, keep_rows):
+def test_compact_keeps_each_rows_vectors(model, keep_rows, ragged):
     """After compact(keep_rows) row i holds, packed left and in order, exactly the key/value
     vectors old row keep_rows[i] attended before; nothing is wasted any more."""
-    kv, held = _busy_batch(model)
+    kv, held = _busy_batch(model, ragged)
     snapshot = _snapshot(kv)
     kv.compact(keep_rows)
     width = max(len(held[r]) for r in keep_rows)
     assert kv.columns == width == hf_internals.cache_length(kv.cache)
     _assert_rows_hold(kv, held, snapshot, keep_rows)
     assert kv.wasted() == pytest.approx(0.0)
+    assert kv.ends == [len(held[r]) for r in keep_rows] or not ragged
 
 
-def test_compact_then_continue_then_compact_again(model):
+@pytest.mark.parametrize("ragged", [False, True], ids=["common-end", "ragged"])
+def test_compact_then_continue_then_compact_again(model, ragged):
     """A compacted batch keeps working: a new forward, keeps, an added row and a second
     compaction still leave every row holding its own vectors."""
-    kv, held = _busy_batch(model)
+    kv, held = _busy_batch(model, ragged)
     snap = _snapshot(kv)
     kv.compact([0, 2, 3])  # the middle-long row 1 leaves
     _assert_rows_hold(kv, held, snap, [0, 2, 3])
     held = [list(range(len(held[r]))) for r in (0, 2, 3)]  # new column numbering
-    _forward(kv, 2, seed=4)  # columns 6..7
+    starts, _ = _forward(kv, 2, seed=4)
     kv.keep(0, [1])
     kv.keep(2, [0, 1])
-    held[0].append(7)
-    held[2] += [6, 7]
+    held[0].append(starts[0] + 1)
+    held[2] += [starts[2], starts[2] + 1]
     assert kv.add(_filled(model, [50, 51, 52, 53, 54, 55, 56, 57, 58]), 9) == 3  # widens to 9
     held.append(list(range(9)))
     assert kv.columns == 9
@@ -180,7 +231,7 @@ def test_compact_then_continue_then_compact_again(model):
 
 def test_compact_to_zero_rows_then_reuse(model):
     """compact([]) empties the batch (no rows, columns or cache); a later add starts afresh."""
-    kv, _ = _busy_batch(model)
+    kv, _ = _busy_batch(model, ragged=True)
     kv.compact([])
     assert (kv.rows, kv.columns) == (0, 0)
     assert kv.lengths() == [] and kv.wasted() == 0.0

@@ -1,9 +1,12 @@
-"""Pins the transformers internals specserve.engine.hf_internals relies on (cache, quantizer)."""
+"""Pins the transformers internals specserve.engine.hf_internals relies on (cache, attention
+interface, quantizer)."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 
+import peft
 import pytest
 import torch
 from transformers import DynamicCache
@@ -351,3 +354,79 @@ def test_growing_layer_cache_matches_dynamic_cache_and_grows_geometrically(tiny_
         last = buffer
     assert hf_internals.cache_length(growing) == 40 and reallocations <= 2
     torch.testing.assert_close(growing.layers[1].keys, plain.layers[1].keys, rtol=0, atol=0)
+
+
+def test_growing_layer_writes_each_row_at_its_own_column():
+    """With `set_write_columns`, row b's q new entries land at [start_b, start_b + q), the used
+    part becomes max(start) + q and the rest of each row is untouched; equal starts take the
+    one-slice path; `row_writes` holds for a batch cache of GrowingLayers only."""
+    cache = DynamicCache()
+    cache.layers = [hf_internals.GrowingLayer()]
+    first = torch.randn(2, 1, 5, 3)
+    cache.update(first, first + 1, 0)
+    assert hf_internals.row_writes(cache)
+    hf_internals.set_write_columns(cache, [2, 5])
+    new = torch.randn(2, 1, 2, 3)
+    keys, values = cache.update(new, new + 1, 0)
+    assert keys.shape == (2, 1, 7, 3)
+    assert torch.equal(keys[0, :, :2], first[0, :, :2]) and torch.equal(keys[0, :, 2:4], new[0])
+    assert torch.equal(keys[0, :, 4:5], first[0, :, 4:5])
+    assert torch.equal(keys[1, :, :5], first[1]) and torch.equal(keys[1, :, 5:7], new[1])
+    assert torch.equal(values[1, :, 5:7], new[1] + 1)
+    hf_internals.set_write_columns(cache, [1, 1])
+    keys, _ = cache.update(new, new, 0)
+    assert keys.shape[2] == 3 and torch.equal(keys[:, :, 1:3], new)
+    assert not hf_internals.row_writes(hf_internals.new_cache(_model_config()))
+
+
+def _model_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+
+
+def test_row_attention_gets_row_extents_through_the_model_and_a_peft_wrapper(tiny_llama):
+    """`row_extents` passed to the model's forward reaches the attention function of every
+    layer (also through peft), and the row-wise result equals transformers' sdpa on the same
+    4D mask; without a mask the function is transformers' sdpa itself."""
+    model = copy.deepcopy(tiny_llama(0))
+    model.set_attn_implementation("sdpa")  # the shared model may have been switched already
+    plain = copy.deepcopy(model)
+    assert hf_internals.enable_row_attention(model)
+    assert model.config._attn_implementation == hf_internals.ROW_ATTENTION
+    seen = []
+    real = hf_internals._row_attention
+
+    def spy(*args, row_extents=None, **kwargs):
+        seen.append(row_extents)
+        return real(*args, row_extents=row_extents, **kwargs)
+
+    ids = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    mask = torch.zeros(2, 1, 4, 4)
+    mask[:, :, torch.ones(4, 4, dtype=torch.bool).triu(1)] = torch.finfo(torch.float32).min
+    mask[1, :, 2:, 0] = torch.finfo(torch.float32).min  # row 1's later queries skip column 0
+    hf_internals.AttentionInterface.register(hf_internals.ROW_ATTENTION, spy)
+    try:
+        with torch.inference_mode():
+            rows = model(input_ids=ids, attention_mask=mask, row_extents=[4, 4]).logits
+            unmasked = model(input_ids=ids).logits
+            lora = peft.LoraConfig(r=2, target_modules=["q_proj"])
+            peft.get_peft_model(model, lora)(input_ids=ids, attention_mask=mask, row_extents=[3, 4])
+    finally:
+        hf_internals.AttentionInterface.register(hf_internals.ROW_ATTENTION, real)
+    assert seen == [[4, 4], [4, 4], None, None, [3, 4], [3, 4]]  # 2 layers per forward
+    with torch.inference_mode():
+        reference = plain(input_ids=ids, attention_mask=mask).logits
+        torch.testing.assert_close(rows, reference, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(unmasked, plain(input_ids=ids).logits, rtol=0, atol=0)
+
+
+def test_enable_row_attention_leaves_other_implementations_alone(tiny_llama):
+    """An eager model is not switched (the batch path still works through its mask)."""
+    model = copy.deepcopy(tiny_llama(0))
+    model.set_attn_implementation("eager")
+    assert not hf_internals.enable_row_attention(model)
+    assert model.config._attn_implementation == "eager"
