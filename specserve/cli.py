@@ -397,9 +397,9 @@ def cmd_loadtest(args) -> int:
                     f"variant {name} is not registered: pass --adapter DIR to register it"
                 )
             client.register(name, args.model, str(Path(args.adapter).resolve()), {})
-    prompts = loadtest.interleave_tasks(
-        [row for row in map(json.loads, args.data.read_text().splitlines()) if row.get("turns")]
-    )
+    rows = [row for row in map(json.loads, args.data.read_text().splitlines()) if row.get("turns")]
+    prompts = loadtest.interleave_tasks(rows)
+    tasks = len({row.get("task") or row.get("category") or "" for row in rows})
     results: dict[str, dict[str, dict]] = {}
     try:
         for mode in modes:
@@ -410,7 +410,7 @@ def cmd_loadtest(args) -> int:
                 client.call("PUT", f"/variants/{name}/strategy", {"strategy": loadtest.MODES[mode]})
             first = 0  # every mode sees the same prompts; no prompt twice within a mode
             for conc in levels:
-                count = max(args.requests, args.rounds * conc)
+                count = loadtest.level_requests(args.requests, args.rounds, conc, tasks)
                 level = loadtest.run_level(
                     client.url,
                     names or [args.model],

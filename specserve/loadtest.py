@@ -64,6 +64,17 @@ def interleave_tasks(rows: list[dict]) -> list[str]:
     return out
 
 
+def level_requests(requests: int, rounds: int, concurrency: int, cycle: int) -> int:
+    """Requests at one load level: at least `requests` and `rounds` per stream, rounded up to
+    whole cycles of the interleaved tasks, so every level gets the same task mix (a level of 8
+    over 6 tasks would hold two extra short prompts and flatter one-at-a-time throughput).
+
+    Example: requests 8, rounds 3, concurrency 1, 6 tasks -> 12; concurrency 16 -> 48.
+    """
+    count = max(requests, rounds * concurrency, 1)
+    return -(-count // max(cycle, 1)) * max(cycle, 1)
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """Nearest-rank percentile. Example: [1, 2, 3, 4] at 0.5 -> 2; at 0.99 -> 4."""
     if not values:
@@ -307,6 +318,7 @@ class Attempt:
     retry_after: bool = False
     retry_after_s: float = 0.0  # the header's value (0 when absent or not a number)
     error: str = ""
+    refused_by: str = ""  # "gateway" (its own bound, before any model server) or "replica"
 
 
 def attempt_chat(
@@ -327,8 +339,13 @@ def attempt_chat(
             seconds = time.perf_counter() - started
             header = resp.getheader("Retry-After") or ""
             wait = float(header) if header.replace(".", "", 1).isdigit() else 0.0
+            by = "gateway" if b"is at capacity" in resp.read(4096) else "replica"
             return Attempt(
-                "refused", refused_s=seconds, retry_after=bool(header), retry_after_s=wait
+                "refused",
+                refused_s=seconds,
+                retry_after=bool(header),
+                retry_after_s=wait,
+                refused_by=by,
             )
         if resp.status != 200:
             return Attempt("failed", error=f"HTTP {resp.status}")
@@ -357,6 +374,15 @@ def summarize_overload(attempts: list[Attempt]) -> dict:
         "retry_after_present": (
             round(sum(a.retry_after for a in refused) / len(refused), 4) if refused else None
         ),
+        "refused_by": {
+            by: {
+                "count": len(mine),
+                "latency_p50_s": r(percentile(mine, 0.5)),
+                "latency_p99_s": r(percentile(mine, 0.99)),
+            }
+            for by in sorted({a.refused_by for a in refused if a.refused_by})
+            if (mine := [a.refused_s for a in refused if a.refused_by == by])
+        },
     }
 
 

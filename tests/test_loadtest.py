@@ -40,6 +40,15 @@ def test_interleave_tasks_takes_each_task_in_turn():
     assert loadtest.interleave_tasks(rows) == ["a0", "b0", "c0", "a1", "c1"]
 
 
+def test_level_requests_rounds_up_to_whole_task_cycles():
+    """Every level gets whole cycles of the interleaved tasks (the same mix at every level)."""
+    assert loadtest.level_requests(8, 3, 1, 6) == 12
+    assert loadtest.level_requests(8, 3, 16, 6) == 48
+    assert loadtest.level_requests(8, 3, 32, 6) == 96
+    assert loadtest.level_requests(5, 1, 2, 1) == 5
+    assert loadtest.level_requests(0, 0, 1, 0) == 1
+
+
 # -- server figures, overload summary, plot (pure)
 
 PROM = """\
@@ -85,9 +94,21 @@ def test_summarize_overload_counts_percentiles_and_retry_after():
         Attempt("completed", True),
         Attempt("failed", True, error="no [DONE]"),
         Attempt("failed", error="HTTP 500"),
-        *[Attempt("refused", refused_s=s, retry_after=s < 0.04) for s in (0.01, 0.02, 0.03, 0.05)],
+        *[
+            Attempt("refused", refused_s=s, retry_after=s < 0.04, refused_by=by)
+            for s, by in (
+                (0.01, "gateway"),
+                (0.02, "gateway"),
+                (0.03, "gateway"),
+                (0.05, "replica"),
+            )
+        ],
     ]
     out = loadtest.summarize_overload(attempts)
+    assert out["refused_by"] == {
+        "gateway": {"count": 3, "latency_p50_s": 0.02, "latency_p99_s": 0.03},
+        "replica": {"count": 1, "latency_p50_s": 0.05, "latency_p99_s": 0.05},
+    }
     assert (out["admitted"], out["completed"], out["refused"], out["failed"]) == (3, 2, 4, 2)
     assert (out["refused_latency_p50_s"], out["refused_latency_p99_s"]) == (0.02, 0.05)
     assert out["refused_latency_max_s"] == 0.05 and out["retry_after_present"] == 0.75
@@ -245,6 +266,8 @@ def test_run_overload_end_to_end_against_fake_server():
     assert out["completed"] + out["refused"] == posts
     assert out["retry_after_present"] == 1.0 and out["refused_latency_max_s"] < 1.0
     assert out["refused_latency_p50_s"] <= out["refused_latency_p99_s"]
+    assert list(out["refused_by"]) == ["replica"]  # the fake's body is not the gateway's
+    assert out["refused_by"]["replica"]["count"] == out["refused"]
     assert out["inflight_after_s"] is not None and out["inflight_after_s"] < 1.0
     assert out["kv_reserved_tokens_before"] == 0.0 and out["kv_reserved_tokens_after"] == 0.0
     assert out["kv_reserved_tokens_max"] >= 10.0

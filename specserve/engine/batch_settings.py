@@ -21,6 +21,13 @@ class BatchSettings(BaseModel):
         256, ge=1, description="prompt tokens prefilled per step, over all new requests"
     )
     draft_reserve: int = Field(64, ge=0, description="KV positions reserved for a draft")
+    niceness: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="added to the engine loop thread's (and its compute threads') niceness, so "
+        "the HTTP side sharing its cores (proxy, gateway: refusals, streaming) runs first",
+    )
     cap_from_rows: int = Field(
         3,
         ge=1,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -29,6 +30,19 @@ from specserve.engine.tree import Draft, cap_draft
 
 __all__ = ["BatchSettings", "QueueFull", "Scheduler", "Ticket"]
 log = logging.getLogger(__name__)
+
+
+def _lower_priority(niceness: int) -> None:
+    """Add `niceness` to the calling thread's (Linux: per thread; threads it starts inherit it)."""
+    if niceness <= 0 or not hasattr(os, "setpriority"):
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(
+            os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness)
+        )
+    except OSError as err:  # e.g. a sandbox without setpriority: run at the same priority
+        log.warning("engine loop niceness not applied: %s", err)
 
 
 class QueueFull(RuntimeError):
@@ -159,6 +173,7 @@ class Scheduler:
             self._thread.join(timeout=30)
 
     def run(self) -> None:
+        _lower_priority(self.settings.niceness)  # before the compute threads exist: they inherit
         # OpenMP's thread count is per thread: a new thread starts from OMP_NUM_THREADS (Ray sets
         # it to the actor's num_cpus), not from the creator's torch.set_num_threads
         torch.set_num_threads(self._threads)

@@ -6,7 +6,9 @@ what it decodes alone, greedy in fp32; plus admission, fairness, cancellation an
 from __future__ import annotations
 
 import copy
+import os
 import random
+import threading
 
 import pytest
 import torch
@@ -256,8 +258,14 @@ def test_cancelled_row_leaves_the_batch_at_the_next_step(engine):
 
 
 def test_loop_thread_serves_submissions_and_calls(engine):
-    scheduler = Scheduler(engine).start()
+    """The loop thread runs calls and requests; it (and so the compute threads it starts) runs
+    `niceness` lower than its creator, which keeps its own."""
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    scheduler = Scheduler(engine, BatchSettings(niceness=3)).start()
     try:
+        loop = scheduler.call(threading.get_native_id).result(timeout=10)
+        assert os.getpriority(os.PRIO_PROCESS, loop) == min(19, mine + 3)
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
         done = __import__("threading").Event()
         ids: list[int] = []
 
