@@ -446,7 +446,13 @@ def cmd_loadtest(args) -> int:
         clients = int(args.overload_factor * capacity)
         _log(f"overload: {clients} clients for {args.overload_seconds} s")
         report["overload"] = loadtest.run_overload(
-            client.url, targets, prompts, clients, args.overload_seconds, args.max_tokens
+            client.url,
+            targets,
+            prompts,
+            clients,
+            args.overload_seconds,
+            args.max_tokens,
+            processes=args.overload_processes,
         )
         _log(f"overload: {report['overload']}")
     if args.disconnect > 0:
@@ -623,6 +629,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="after the levels, F x capacity clients back to back (policy mode); 0: off",
     )
     lt.add_argument("--overload-seconds", type=float, default=20.0)
+    lt.add_argument(
+        "--overload-processes",
+        type=int,
+        default=4,
+        help="client processes the overload clients are spread over (1: threads of this one)",
+    )
     lt.add_argument(
         "--overload-capacity",
         type=int,

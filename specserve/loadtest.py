@@ -14,8 +14,11 @@ Optional reports, each a top-level key of the same JSON:
 
 from __future__ import annotations
 
+import concurrent.futures
 import http.client
 import json
+import multiprocessing
+import random
 import re
 import socket
 import statistics
@@ -402,14 +405,21 @@ def _hammer(
     seconds: float,
     max_tokens: int,
     timeout: float,
+    ramp_s: float = 1.0,
 ) -> list[Attempt]:
-    """`clients` threads sending back to back (after a refusal, waiting its Retry-After) until
-    `seconds` pass; every attempt made."""
+    """`clients` threads sending back to back until `seconds` pass; every attempt made. Clients
+    start evenly over the first `ramp_s` (at most a quarter of the window; a ramp-up: all at once, the first refusals wait behind
+    every admission of the same instant). After a refusal a client waits its Retry-After plus up
+    to half as much again (jitter, as well-behaved clients do)."""
     attempts: list[Attempt] = []
     lock, next_i = threading.Lock(), [0]
-    deadline = time.perf_counter() + seconds
+    start = time.perf_counter()
+    deadline = start + seconds
+    ramp_s = min(ramp_s, seconds / 4)  # every client gets most of the window
 
-    def client() -> None:
+    def client(seed: int) -> None:
+        jitter = random.Random(seed)
+        time.sleep(max(0.0, start + ramp_s * seed / clients - time.perf_counter()))
         while time.perf_counter() < deadline:
             with lock:
                 i = next_i[0]
@@ -420,14 +430,38 @@ def _hammer(
             with lock:
                 attempts.append(attempt)
             if attempt.status == "refused":  # a well-behaved client honours Retry-After
-                time.sleep(max(0.0, min(attempt.retry_after_s, deadline - time.perf_counter())))
+                wait = attempt.retry_after_s * (1.0 + 0.5 * jitter.random())
+                time.sleep(max(0.0, min(wait, deadline - time.perf_counter())))
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     return attempts
+
+
+def _hammer_in_processes(
+    url: str,
+    models: list[str],
+    prompts: list[str],
+    clients: int,
+    seconds: float,
+    max_tokens: int,
+    timeout: float,
+    processes: int,
+) -> list[Attempt]:
+    """`_hammer` split over `processes` processes (each its share of the clients and its own
+    rotation of the prompts), so one interpreter's lock does not delay the replies it times."""
+    shares = [clients // processes + (i < clients % processes) for i in range(processes)]
+    jobs = [
+        (url, models, prompts[i:] + prompts[:i], share, seconds, max_tokens, timeout)
+        for i, share in enumerate(shares)
+        if share
+    ]
+    spawn = multiprocessing.get_context("spawn")  # no fork of a process holding threads
+    with concurrent.futures.ProcessPoolExecutor(len(jobs), mp_context=spawn) as pool:
+        return [a for part in pool.map(_hammer, *zip(*jobs, strict=True)) for a in part]
 
 
 def run_overload(
@@ -439,21 +473,29 @@ def run_overload(
     max_tokens: int,
     timeout: float = 600.0,
     kv_poll_s: float = 1.0,
+    processes: int = 1,
 ) -> dict:
-    """The `overload` report: `clients` back-to-back streams for `seconds`, then the drain."""
+    """The `overload` report: `clients` back-to-back streams for `seconds` (from `processes`
+    client processes), then the drain."""
     kv_before = replica_kv_reserved(url)
     stop, kv_seen = threading.Event(), []
     sampler = threading.Thread(target=_sample_kv, args=(url, stop, kv_poll_s, kv_seen))
     sampler.start()
     started = time.perf_counter()
     try:
-        attempts = _hammer(url, models, prompts, clients, seconds, max_tokens, timeout)
+        if processes > 1:
+            attempts = _hammer_in_processes(
+                url, models, prompts, clients, seconds, max_tokens, timeout, processes
+            )
+        else:
+            attempts = _hammer(url, models, prompts, clients, seconds, max_tokens, timeout)
     finally:
         stop.set()
         sampler.join()
     wall = time.perf_counter() - started
     drained = seconds_to_zero({"inflight": lambda: gateway_inflight(url)}, 0.1)["inflight"]
-    report = {"clients": clients, "seconds": seconds, "wall_s": round(wall, 3)}
+    report = {"clients": clients, "processes": processes, "seconds": seconds}
+    report["wall_s"] = round(wall, 3)
     report |= summarize_overload(attempts)
     report["inflight_after_s"] = drained
     report["kv_reserved_tokens_before"] = kv_before

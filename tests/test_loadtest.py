@@ -273,6 +273,18 @@ def test_run_overload_end_to_end_against_fake_server():
     assert out["kv_reserved_tokens_max"] >= 10.0
 
 
+def test_run_overload_from_several_client_processes():
+    """Clients split over 2 spawned processes: every attempt of each process is counted."""
+    with fake_server(refuse_every=3) as srv:
+        out = loadtest.run_overload(
+            srv.url, ["m"], ["a", "b"], 3, 0.5, 5, timeout=10, kv_poll_s=0.2, processes=2
+        )
+        posts = srv.posts
+    assert (out["clients"], out["processes"]) == (3, 2)
+    assert out["refused"] > 0 and out["completed"] > 0 and out["failed"] == 0
+    assert out["completed"] + out["refused"] == posts
+
+
 def test_run_disconnect_end_to_end_against_fake_server():
     with fake_server() as srv:
         out = loadtest.run_disconnect(srv.url, ["m"], ["hi"], 3, 2, 200, timeout=10, limit_s=3)
@@ -298,6 +310,7 @@ def test_cli_loadtest_flags_default_off():
     args = build_parser().parse_args(["loadtest"])
     assert (args.plot, args.overload_factor, args.disconnect) == (None, 0.0, 0)
     assert (args.overload_seconds, args.overload_capacity, args.disconnect_after) == (20.0, None, 3)
+    assert args.overload_processes == 4
     args = build_parser().parse_args(
         ["loadtest", "--plot", "x.png", "--overload-factor", "1.5", "--disconnect", "8"]
     )
