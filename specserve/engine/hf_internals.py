@@ -214,43 +214,48 @@ def gather_rows(cache: DynamicCache, rows: torch.Tensor, columns: torch.Tensor) 
 ROW_ATTENTION = "specserve_rows"
 
 
-def _row_attention(
-    module, query, key, value, attention_mask, row_extents=None, scaling=None, dropout=0.0, **kwargs
-):
-    """transformers' sdpa without a mask; with one (query [b, heads, q, d], key/value
-    [b, kv_heads, columns, d], mask [b, 1, q, columns]), torch's sdpa with grouped-query heads
-    (transformers would copy every key/value head group on CPU) and, given `row_extents`, each
-    batch row on its own key columns [0, e_b) only, so short rows skip the long rows' padding.
-    Returns ([b, q, heads, d], None) as transformers' attention functions do."""
+def _row_attention(module, query, key, value, attention_mask, row_extents=None, **kwargs):
+    """transformers' sdpa without a mask. With one (query [b, heads, q, d], key/value
+    [b, kv_heads, columns, d], mask [b, 1, q, columns]) and given `row_extents`, each batch row
+    attends its own key columns [0, e_b) only, so short rows skip the long rows' padding; on CPU
+    through torch's sdpa with grouped-query heads (transformers would copy every key/value head
+    group there), elsewhere through transformers' sdpa. Returns ([b, q, heads, d], None)."""
     if attention_mask is None:
-        return sdpa_attention_forward(
-            module, query, key, value, None, scaling=scaling, dropout=dropout, **kwargs
-        )
-    gqa = query.shape[1] != key.shape[1]
+        return sdpa_attention_forward(module, query, key, value, None, **kwargs)
+    attend = _grouped_sdpa if query.device.type == "cpu" else _transformers_sdpa
     if row_extents is None:
-        out = _sdpa(query, key, value, attention_mask, scaling, dropout, gqa)
-    else:
-        out = torch.cat(
-            [
-                _sdpa(
-                    query[b : b + 1],
-                    key[b : b + 1, :, :e],
-                    value[b : b + 1, :, :e],
-                    attention_mask[b : b + 1, :, :, :e],
-                    scaling,
-                    dropout,
-                    gqa,
-                )
-                for b, e in enumerate(row_extents)
-            ]
+        return attend(module, query, key, value, attention_mask, **kwargs), None
+    outs = [
+        attend(
+            module,
+            query[b : b + 1],
+            key[b : b + 1, :, :e],
+            value[b : b + 1, :, :e],
+            attention_mask[b : b + 1, :, :, :e],
+            **kwargs,
         )
-    return out.transpose(1, 2).contiguous(), None
+        for b, e in enumerate(row_extents)
+    ]
+    return torch.cat(outs), None
 
 
-def _sdpa(query, key, value, mask, scaling, dropout, gqa) -> torch.Tensor:
-    return torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=gqa
+def _grouped_sdpa(module, query, key, value, mask, scaling=None, dropout=0.0, **_) -> torch.Tensor:
+    """torch's sdpa with grouped-query heads, [b, q, heads, d]."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        dropout_p=dropout,
+        scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
     )
+    return out.transpose(1, 2).contiguous()
+
+
+def _transformers_sdpa(module, query, key, value, mask, **kwargs) -> torch.Tensor:
+    """transformers' sdpa (its kernel choice for CUDA and others), [b, q, heads, d]."""
+    return sdpa_attention_forward(module, query, key, value, mask, **kwargs)[0]
 
 
 def enable_row_attention(model) -> bool:

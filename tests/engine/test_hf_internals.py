@@ -430,3 +430,23 @@ def test_enable_row_attention_leaves_other_implementations_alone(tiny_llama):
     model.set_attn_implementation("eager")
     assert not hf_internals.enable_row_attention(model)
     assert model.config._attn_implementation == "eager"
+
+
+def test_grouped_sdpa_equals_transformers_sdpa_on_a_masked_gqa_batch(tiny_llama):
+    """The CPU path (torch's grouped-query sdpa) and the path other devices take (transformers'
+    sdpa) agree on a masked batch with 2 query heads per key/value head, row by row or whole."""
+    module = tiny_llama(0).model.layers[0].self_attn
+    assert module.num_key_value_groups == 2
+    g = torch.Generator().manual_seed(0)
+    query = torch.randn(3, 4, 2, 16, generator=g)
+    key, value = torch.randn(3, 2, 7, 16, generator=g), torch.randn(3, 2, 7, 16, generator=g)
+    mask = torch.zeros(3, 1, 2, 7)
+    mask[0, :, :, 5:] = mask[1, :, 0, 3] = torch.finfo(torch.float32).min
+    ours = hf_internals._grouped_sdpa(module, query, key, value, mask, scaling=0.25)
+    theirs = hf_internals._transformers_sdpa(module, query, key, value, mask, scaling=0.25)
+    assert ours.shape == (3, 2, 4, 16)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    by_row, _ = hf_internals._row_attention(
+        module, query, key, value, mask, row_extents=[5, 7, 7], scaling=0.25
+    )
+    torch.testing.assert_close(by_row, theirs, rtol=1e-5, atol=1e-6)
