@@ -1,8 +1,9 @@
 """One forward of the target over many requests: row b = [its pending tokens | its draft], padded.
 
 Each row has its own positions, LoRA adapter and tree mask; the past it sees is the columns its
-`BatchKV` row holds, and its new entries go where `BatchKV.begin` says (ragged: after its own). The output is one `ForwardOutput` per row, exactly what `verify_forward` gives
-that request alone, so the one verifier and commit serve batched and single requests alike.
+`BatchKV` row holds, and its new entries go where `BatchKV.begin` says (ragged: after its own).
+The output is one `ForwardOutput` per row, exactly what `verify_forward` gives that request
+alone, so the one verifier and commit serve batched and single requests alike.
 """
 
 from __future__ import annotations
