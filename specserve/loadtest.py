@@ -408,9 +408,10 @@ def _hammer(
     ramp_s: float = 1.0,
 ) -> list[Attempt]:
     """`clients` threads sending back to back until `seconds` pass; every attempt made. Clients
-    start evenly over the first `ramp_s` (at most a quarter of the window; a ramp-up: all at once, the first refusals wait behind
-    every admission of the same instant). After a refusal a client waits its Retry-After plus up
-    to half as much again (jitter, as well-behaved clients do)."""
+    start evenly over the first `ramp_s`, at most a quarter of the window (a ramp-up: started all
+    at once, the first refusals wait behind every admission of the same instant). After a
+    refusal a client waits its Retry-After plus up to half as much again (jitter, as
+    well-behaved clients do)."""
     attempts: list[Attempt] = []
     lock, next_i = threading.Lock(), [0]
     start = time.perf_counter()
