@@ -3,7 +3,7 @@
 Every forward writes q columns into every row; a row keeps (marks visible) only the columns of
 its committed tokens, so rows of different lengths and accept counts share one tensor without
 copies. Ragged (the cache and attention allow it): row b writes right after its own last kept
-column (`ends[b]`) and attends only [0, ends[b] + q), so short rows neither grow with nor read
+column (`ends()[b]`) and attends only [0, ends()[b] + q), so short rows neither grow with nor read
 the long ones. Otherwise every row writes after the common end. Columns carry their rotary
 positions in the keys, so their order never matters. A leaving row's slot is reused by the next
 request that fits; free slots and hidden columns are reclaimed by `compact`, one gather.
@@ -27,7 +27,6 @@ class BatchKV:
         self.ragged = ragged and hf_internals.row_writes(self.cache)
         with torch.inference_mode():  # every update happens in inference mode (see the methods)
             self.visible = torch.zeros(0, 0, dtype=torch.bool)  # [rows, columns]
-        self.ends: list[int] = []  # per row: 1 + its last held column (0: holds none)
         self._starts: list[int] = []  # per row: where the last forward wrote its first column
         self.free: list[int] = []  # rows no request holds (padding in a forward until reused)
 
@@ -43,6 +42,14 @@ class BatchKV:
         """Positions each row holds."""
         return self.visible.sum(dim=1).tolist()
 
+    def ends(self) -> list[int]:
+        """Per row, 1 + its last held column (0 when it holds none). Example: visible
+        [[T, F, T, F], [F, F, F, F]] -> [3, 0]."""
+        if self.columns == 0:
+            return [0] * self.rows
+        last = self.columns - self.visible.flip(1).int().argmax(dim=1)  # [rows]
+        return torch.where(self.visible.any(dim=1), last, 0).tolist()
+
     @torch.inference_mode()
     def add(self, row_cache, length: int) -> int:
         """Put a request's own cache (its first `length` positions) in a free row that is wide
@@ -54,7 +61,6 @@ class BatchKV:
             hf_internals.write_row(self.cache, row, row_cache, length)
             self.visible[row] = False
             self.visible[row, :length] = True
-            self.ends[row] = length
             return row
         hf_internals.append_row(self.cache, row_cache, length)
         width = max(self.columns, length)
@@ -62,21 +68,19 @@ class BatchKV:
         visible[: self.rows, : self.columns] = self.visible
         visible[self.rows, :length] = True
         self.visible = visible
-        self.ends.append(length)
         return self.rows - 1
 
     @torch.inference_mode()
     def release(self, row: int) -> None:
         """The row's request left: its slot is free (it attends nothing until reused)."""
         self.visible[row] = False
-        self.ends[row] = 0
         self.free.append(row)
 
     @torch.inference_mode()
     def begin(self, q: int) -> list[int]:
         """A forward of q query rows is about to run: per row, the column its first new entry
         goes to (the cache is told so). The new columns stay hidden until `keep` marks them."""
-        starts = list(self.ends) if self.ragged else [self.columns] * self.rows
+        starts = self.ends() if self.ragged else [self.columns] * self.rows
         if self.ragged:
             hf_internals.set_write_columns(self.cache, starts)
         width = max(starts, default=0) + q  # the cache's used part after the forward
@@ -99,8 +103,6 @@ class BatchKV:
         start = self._starts[row]
         for c in new_columns:
             self.visible[row, start + c] = True
-        if new_columns:
-            self.ends[row] = max(self.ends[row], start + max(new_columns) + 1)
 
     @torch.inference_mode()
     def compact(self, keep_rows: list[int]) -> None:
@@ -109,7 +111,6 @@ class BatchKV:
         if not keep_rows:
             self.cache = hf_internals.new_batch_cache(self.config)
             self.visible = torch.zeros(0, 0, dtype=torch.bool)
-            self.ends = []
             return
         visible = self.visible[keep_rows]  # [rows', columns]
         lengths = visible.sum(dim=1)
@@ -122,7 +123,6 @@ class BatchKV:
             packed[i, : len(held)] = True
         hf_internals.gather_rows(self.cache, torch.tensor(keep_rows), columns)
         self.visible = packed
-        self.ends = lengths.tolist()
 
     def wasted(self) -> float:
         """Fraction of the columns the rows' attention reads that no row holds (what `compact`
@@ -131,7 +131,7 @@ class BatchKV:
         if self.rows == 0 or self.columns == 0:
             return 0.0
         if self.ragged:
-            return 1.0 - sum(self.lengths()) / max(sum(self.ends), 1)
+            return 1.0 - sum(self.lengths()) / max(sum(self.ends()), 1)
         return 1.0 - max(self.lengths()) / self.columns
 
     def needs_compaction(self) -> bool:

@@ -58,7 +58,7 @@ def _assert_rows_hold(kv: BatchKV, held: list[list[int]], snapshot, old_rows: li
 def test_fresh_batch_is_empty(model):
     """A new BatchKV has no rows, no columns, no lengths and nothing wasted."""
     kv = BatchKV(model.config)
-    assert kv.rows == 0 and kv.columns == 0
+    assert kv.rows == 0 and kv.columns == 0 and kv.ends() == []
     assert kv.lengths() == [] and kv.wasted() == 0.0
     assert hf_internals.cache_length(kv.cache) == 0
 
@@ -114,7 +114,7 @@ def test_common_end_hides_new_columns_until_keep(model):
 
 
 def test_ragged_rows_write_after_their_own_end(model):
-    """Ragged: row b's new entries land at [ends[b], ends[b] + q); the cache is only as wide as
+    """Ragged: row b's new entries land at [ends()[b], ends()[b] + q); the cache is only as wide as
     the longest row's end + q; a row's rejected tail is overwritten by its next forward; holes
     left by a kept-then-skipped column stay hidden; extents are start + q."""
     kv = BatchKV(model.config)
@@ -129,7 +129,7 @@ def test_ragged_rows_write_after_their_own_end(model):
         assert torch.equal(layer.keys[1, :, 2:5], keys[1])
     kv.keep(0, [0, 2])  # a hole at column 5
     kv.keep(1, [0])  # columns 3, 4 rejected
-    assert kv.ends == [7, 3] and kv.lengths() == [6, 3]
+    assert kv.ends() == [7, 3] and kv.lengths() == [6, 3]
     assert kv.wasted() == pytest.approx(1 - 9 / 10)
     starts, new_keys = _forward(kv, 2, seed=1)
     assert starts == [7, 3] and kv.columns == 9
@@ -180,7 +180,7 @@ def test_busy_batch_tracks_visible_and_lengths(model, ragged):
         assert kv.visible[row].nonzero().flatten().tolist() == cols
     assert kv.lengths() == [len(c) for c in held] == [6, 10, 4, 5]
     if ragged:  # row 1 held 0..4, wrote 5..8 (kept 5, 8), then 9..11 (kept all)
-        assert kv.columns == 12 and kv.ends == [8, 12, 5, 5]
+        assert kv.columns == 12 and kv.ends() == [8, 12, 5, 5]
         assert kv.wasted() == pytest.approx(1 - 25 / 30)
     else:
         assert kv.columns == 12
@@ -203,7 +203,7 @@ def test_compact_keeps_each_rows_vectors(model, keep_rows, ragged):
     assert kv.columns == width == hf_internals.cache_length(kv.cache)
     _assert_rows_hold(kv, held, snapshot, keep_rows)
     assert kv.wasted() == pytest.approx(0.0)
-    assert kv.ends == [len(held[r]) for r in keep_rows] or not ragged
+    assert kv.ends() == [len(held[r]) for r in keep_rows]
 
 
 @pytest.mark.parametrize("ragged", [False, True], ids=["common-end", "ragged"])
