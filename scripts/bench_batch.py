@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--data", type=Path, default=Path("../shared/bench/specbench_dev.jsonl"))
     ap.add_argument("--mix", action="store_true", help="interleave the six tasks")
+    ap.add_argument("--prefill-chunk", type=int, default=BatchSettings().prefill_chunk)
+    ap.add_argument("--first", type=int, default=0, help="start at this prompt of the sequence")
     args = ap.parse_args()
 
     loaded = load_model(args.model)
@@ -48,14 +50,19 @@ def main() -> None:
     texts = interleave_tasks(rows) if args.mix else [r["turns"][0] for r in rows]
     prompts = [encode_messages(loaded.tokenizer, [{"role": "user", "content": t}]) for t in texts]
     params = SamplingParams(max_new_tokens=args.max_tokens)
-    scheduler = Scheduler(engine, BatchSettings())
+    scheduler = Scheduler(engine, BatchSettings(prefill_chunk=args.prefill_chunk))
     count = {"next": 0, "done": 0, "tokens": 0}
 
     def submit() -> None:
         i = count["next"]
         count["next"] += 1
         state = engine.start(
-            prompts[i % len(prompts)], params, "ar", None, None, names[i % len(names)]
+            prompts[(args.first + i) % len(prompts)],
+            params,
+            "ar",
+            None,
+            None,
+            names[i % len(names)],
         )
         scheduler.submit(state, names[i % len(names)], True, sink)
 
@@ -73,10 +80,14 @@ def main() -> None:
     while count["done"] < args.requests:
         scheduler.step()
     seconds = time.perf_counter() - start
+    stats = scheduler.stats()
     print(
         f"concurrency {args.concurrency}, {args.requests} requests, {args.max_tokens} max tokens, "
-        f"{'mixed tasks' if args.mix else 'file order'}: {count['tokens'] / seconds:.1f} tok/s "
-        f"({count['tokens']} tokens in {seconds:.1f} s, {scheduler.steps} steps)"
+        f"{'mixed tasks' if args.mix else 'file order'}, prefill chunk {args.prefill_chunk}: "
+        f"{count['tokens'] / seconds:.1f} tok/s ({count['tokens']} tokens in {seconds:.1f} s, "
+        f"{scheduler.steps} steps; decode {stats['decode_seconds']:.1f} s at "
+        f"{stats['decode_rows'] / max(stats['decode_steps'], 1):.1f} rows per step, prefill "
+        f"{stats['prefill_seconds']:.1f} s for {stats['prefill_tokens']} prompt tokens)"
     )
 
 

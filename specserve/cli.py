@@ -401,6 +401,7 @@ def cmd_loadtest(args) -> int:
     prompts = loadtest.interleave_tasks(rows)
     tasks = len({row.get("task") or row.get("category") or "" for row in rows})
     results: dict[str, dict[str, dict]] = {}
+    engine: dict[str, dict[str, dict | None]] = {}  # where each level's time went in the loop
     try:
         for mode in modes:
             if args.adapter is not None:  # a new version per mode: its n-gram pools start empty
@@ -411,6 +412,7 @@ def cmd_loadtest(args) -> int:
             first = 0  # every mode sees the same prompts; no prompt twice within a mode
             for conc in levels:
                 count = loadtest.level_requests(args.requests, args.rounds, conc, tasks)
+                before = loadtest.engine_figures(loadtest.fetch(client.url, "/metrics"))
                 level = loadtest.run_level(
                     client.url,
                     names or [args.model],
@@ -422,7 +424,10 @@ def cmd_loadtest(args) -> int:
                 )
                 first += count
                 results.setdefault(mode, {})[str(conc)] = summary = loadtest.summarize(level)
-                _log(f"{mode} c={conc}: {summary}")
+                after = loadtest.engine_figures(loadtest.fetch(client.url, "/metrics"))
+                share = loadtest.engine_share(before, after, level.seconds)
+                engine.setdefault(mode, {})[str(conc)] = share
+                _log(f"{mode} c={conc}: {summary}; engine loop: {share}")
     finally:
         for name in names:
             client.call("PUT", f"/variants/{name}/strategy", {"strategy": None})
@@ -439,6 +444,7 @@ def cmd_loadtest(args) -> int:
             else "variants as registered"
         ),
         "results": results,
+        "engine": engine,
     }
     # policy mode from here on: every variant's strategy is back to the policy's
     targets = names or [args.model]

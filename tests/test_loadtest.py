@@ -87,6 +87,53 @@ def test_batch_active_and_kv_reserved_skip_unknown_figures():
     assert loadtest.batch_active("") == 0
 
 
+def _engine_prom(steps, rows, decode_s, tokens, prefill_s, replica="m/0") -> str:
+    figures = {
+        "decode_steps": steps,
+        "decode_rows": rows,
+        "decode_seconds": decode_s,
+        "prefill_tokens": tokens,
+        "prefill_seconds": prefill_s,
+    }
+    return "".join(
+        f'specserve_replica_batch{{base_model="m",figure="{f}",replica="{replica}"}} {v}\n'
+        for f, v in figures.items()
+    )
+
+
+def test_engine_share_of_a_level_from_figures_scraped_around_it():
+    before = loadtest.engine_figures(_engine_prom(10, 100, 1.0, 500, 1.0))
+    after = loadtest.engine_figures(
+        _engine_prom(60, 500, 7.0, 2000, 2.0) + _engine_prom(50, 700, 6.0, 2000, 3.5, "m/1")
+    )
+    assert after == {
+        "decode_steps": 110.0,
+        "decode_rows": 1200.0,
+        "decode_seconds": 13.0,
+        "prefill_tokens": 4000.0,
+        "prefill_seconds": 5.5,
+    }
+    # two replicas over 20 s: 100 decode steps of 11 rows in 12 s, 3,500 prompt tokens in 4.5 s
+    share = loadtest.engine_share(before, after, 20.0)
+    assert share == {
+        "busy_fraction": 0.825,
+        "decode_steps": 100,
+        "rows_per_step": 11.0,
+        "decode_ms_per_step": 120.0,
+        "prefill_ms_per_token": 1.29,
+        "prefill_fraction": 0.225,
+    }
+    idle = loadtest.engine_share(after, after, 5.0)
+    assert idle["decode_steps"] == 0 and idle["rows_per_step"] is None
+    assert idle["prefill_ms_per_token"] is None and idle["busy_fraction"] == 0.0
+
+
+def test_engine_figures_unknown_when_a_figure_is_missing():
+    assert loadtest.engine_figures(None) is None
+    assert loadtest.engine_figures(PROM) is None  # an older server: no engine figures
+    assert loadtest.engine_share(None, {}, 1.0) is None
+
+
 def test_summarize_overload_counts_percentiles_and_retry_after():
     Attempt = loadtest.Attempt
     attempts = [
@@ -330,6 +377,7 @@ def test_cli_loadtest_writes_overload_disconnect_and_plot(tmp_path):
         puts = srv.strategy_puts
     report = json.loads(out.read_text())
     assert set(report["results"]["policy"]) == {"1", "2"} and puts == 2  # forced, then reset
+    assert report["engine"]["policy"] == {"1": None, "2": None}  # the fake server has none
     assert report["overload"]["clients"] == 2 and report["overload"]["completed"] > 0
     assert report["overload"]["failed"] == 0 and report["overload"]["refused"] == 0
     assert report["disconnect"]["streams"] == 2 and report["disconnect"]["cut"] == 2

@@ -1,10 +1,12 @@
-"""Per-row LoRA for a batch in two batched matmuls per layer (the Punica / S-LoRA idea), on peft.
+"""Per-row LoRA for a batch in two matmuls per layer (the Punica / S-LoRA idea), on peft.
 
 peft loads, validates and holds the adapters; its own mixed-batch path loops over the adapters of
-a batch in every layer. Here each LoRA Linear's resident adapters are stacked once ([n, r, in] and
-[n, out, r] with the scaling folded in, row 0 = no adapter) and a forward hook adds
-`x @ A[row]^T @ B[row]^T` while peft's own LoRA is off (`disable_adapter`). The only peft
-internals read (`lora_A`, `lora_B`, `scaling`, `lora_variant`) are read here, pinned by
+a batch in every layer. Here each LoRA Linear's resident adapters are concatenated once (A as
+[(1 + n) r, in], B as [out, (1 + n) r], scaling folded into B, block 0 = no adapter) and a forward
+hook adds `((x @ A^T) * select[row]) @ B^T`, where select keeps only the row's own r-block, while
+peft's own LoRA is off. One path for every batch (a row's result never depends on its
+neighbours' adapters); a batch of base rows only adds nothing. The only peft internals read
+(`lora_A`, `lora_B`, `scaling`, `lora_variant`) are read here, pinned by
 tests/engine/test_lora_batch.py.
 """
 
@@ -45,13 +47,15 @@ class BatchedLoRA:
         self._names: dict[str, int] = {}  # adapter -> stack index (0 = none)
         self._stacks: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
         self._hooks: list = []
-        self._index: torch.Tensor | None = None  # [batch] during a forward
+        self._index: torch.Tensor | None = None  # [batch] during a forward; None: add nothing
+        self._select: dict[int, torch.Tensor] = {}  # rank -> [batch, 1, (1 + n) rank] 0/1
 
     @contextlib.contextmanager
     def rows(self, names: list[str]):
         self._sync()
-        device = self.model.device
-        self._index = torch.tensor([self._names.get(n, 0) for n in names], device=device)
+        index = [self._names.get(n, 0) for n in names]
+        self._index = torch.tensor(index) if any(index) else None
+        self._select = {}
         layers = list(self._stacks)
         for m in layers:  # peft's own LoRA off: the hooks add it (peft's disable_adapter is slow)
             m._disable_adapters = True
@@ -61,6 +65,17 @@ class BatchedLoRA:
             for m in layers:
                 m._disable_adapters = False
             self._index = None
+            self._select = {}
+
+    def _selector(self, rank: int, like: torch.Tensor) -> torch.Tensor:
+        """[batch, 1, (1 + n) rank]: 1 on each row's own adapter block (built once per rank and
+        forward). Example: index [2, 0], n 2, rank 1 -> [[[0, 0, 1]], [[1, 0, 0]]]."""
+        select = self._select.get(rank)
+        if select is None:
+            blocks = torch.nn.functional.one_hot(self._index, 1 + len(self._names))  # [b, 1 + n]
+            select = blocks.repeat_interleave(rank, dim=1)[:, None].to(like)
+            self._select[rank] = select
+        return select
 
     def _layers(self):
         return [m for m in self.model.modules() if hasattr(m, "lora_A") and hasattr(m, "scaling")]
@@ -92,15 +107,17 @@ class BatchedLoRA:
     def _hook(self, module, inputs, output):
         if self._index is None:
             return None
-        a_all, b_all = self._stacks[module]  # [n, r, in], [n, out, r]
-        x = inputs[0].to(a_all.dtype)  # [b, q, in]
-        low = torch.bmm(x, a_all[self._index].transpose(1, 2))  # [b, q, r]
-        return output + torch.bmm(low, b_all[self._index].transpose(1, 2)).to(output.dtype)
+        a_cat, b_cat = self._stacks[module]  # [(1 + n) r, in], [out, (1 + n) r]
+        x = inputs[0].to(a_cat.dtype)  # [b, q, in]
+        rank = a_cat.shape[0] // (1 + len(self._names))
+        low = torch.nn.functional.linear(x, a_cat)  # [b, q, (1 + n) r]: every adapter's
+        low = low * self._selector(rank, low)  # only the row's own adapter block stays
+        return output + torch.nn.functional.linear(low, b_cat).to(output.dtype)  # [b, q, out]
 
 
 def _stack(module, names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """[1 + n, r, in] and [1 + n, out, r] (scaling folded into B; ranks zero-padded to the
-    largest; row 0 and adapters this layer lacks are zeros)."""
+    """A as [(1 + n) r, in] and B as [out, (1 + n) r], block i = adapter i (scaling folded into B;
+    ranks zero-padded to the largest; block 0 and adapters this layer lacks are zeros)."""
     held = [n for n in names if n in module.lora_A]
     for name in held:
         if name in getattr(module, "lora_variant", {}) or module.lora_B[name].bias is not None:
@@ -116,7 +133,7 @@ def _stack(module, names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
             r = module.lora_A[name].weight.shape[0]
             a[i, :r] = module.lora_A[name].weight.detach()
             b[i, :, :r] = module.lora_B[name].weight.detach() * module.scaling[name]
-    return a, b
+    return a.reshape(-1, fan_in), b.permute(1, 0, 2).reshape(fan_out, -1).contiguous()
 
 
 __all__ = ["BASE_ADAPTER", "BatchedLoRA", "is_peft_model", "lora_rows"]

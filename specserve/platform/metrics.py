@@ -16,7 +16,19 @@ ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5)
 MAX_DEPTH_LABEL = 16
 
 
-BATCH_FIGURES = ("waiting", "prefilling", "decoding", "kv_reserved_tokens", "draft_cap")
+BATCH_FIGURES = (
+    "waiting",
+    "prefilling",
+    "decoding",
+    "kv_reserved_tokens",
+    "draft_cap",
+    # cumulative since the replica started: where the engine loop's time went
+    "decode_steps",
+    "decode_rows",
+    "decode_seconds",
+    "prefill_tokens",
+    "prefill_seconds",
+)
 
 
 class Metrics:
@@ -93,7 +105,8 @@ class Metrics:
         self.replica_batch = Gauge(
             "specserve_replica_batch",
             "A replica's engine loop: requests waiting, prefilling, decoding; KV positions "
-            "reserved; the draft cap load put on the last step (-1: none)",
+            "reserved; the draft cap load put on the last step (-1: none); since start: decode "
+            "steps, rows decoded over them, seconds decoding, prompt tokens and seconds prefilling",
             ["base_model", "replica", "figure"],
             registry=r,
         )

@@ -284,6 +284,9 @@ def test_loadtest_over_variants_reports_every_mode_and_level(
                 "failed",
             }
     assert report["results"]["ar"]["1"]["tau"] == 1.0
+    engine = report["engine"]["ar"]["4"]  # the replica's loop figures around the level
+    assert engine["decode_steps"] > 0 and engine["rows_per_step"] >= 1
+    assert 0 < engine["busy_fraction"] <= 1.05 and engine["prefill_ms_per_token"] > 0
     shown = json.loads(_call(f"{base}/admin/variants/load-0", token=TOKEN)[1])
     assert shown["override"] is None  # overrides are reset after the run
 

@@ -54,6 +54,30 @@ def test_rows_equal_peft_mixed_batch_and_merged_weights(model):
     assert all(not m._disable_adapters for m in model.modules() if hasattr(m, "lora_A"))
 
 
+def test_selector_keeps_each_rows_own_block(model):
+    from specserve.engine.lora_batch import _BY_MODEL
+
+    ids = torch.randint(0, 96, (3, 2))
+    with lora_rows(model, ["x2", BASE_ADAPTER, "x1"]):
+        batched = _BY_MODEL[model]
+        select = batched._selector(2, torch.zeros(1))  # x1 -> block 1, x2 -> block 2
+        model(input_ids=ids)
+    assert select[:, 0].tolist() == [[0, 0, 0, 0, 1, 1], [1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 0, 0]]
+
+
+def test_a_rows_result_does_not_depend_on_its_neighbours(model):
+    """The same row next to other adapters (or alone) gives the same logits; a batch of base
+    rows adds nothing at all (bitwise the base model)."""
+    ids = torch.randint(0, 96, (1, 6))
+    alone = _logits(model, ids, ["x1"])
+    for others in (["x2", "x2"], [BASE_ADAPTER, "x1"]):
+        batch = _logits(model, torch.cat([ids, torch.randint(0, 96, (2, 6))]), ["x1", *others])
+        torch.testing.assert_close(batch[:1], alone, rtol=1e-6, atol=1e-6)
+    with model.disable_adapter():
+        base = model(input_ids=ids).logits
+    assert torch.equal(_logits(model, ids, [BASE_ADAPTER]), base)
+
+
 def test_restacks_after_load_unload_and_reload(model):
     ids = torch.randint(0, 96, (1, 5))
     before = _logits(model, ids, ["x2"])

@@ -219,6 +219,24 @@ def test_kv_budget_makes_requests_wait_and_memory_stays_bounded(engine):
     assert peak == 2 and sum(1 for _, _, done in log if done) == 5
 
 
+def test_stats_account_decode_steps_rows_and_prefill_tokens(engine):
+    """The loop's cumulative figures (what `specserve loadtest` reads per level): every decode
+    step with the rows it held, every prompt token prefilled (chunked: 4 per step here)."""
+    scheduler = Scheduler(engine, BatchSettings(max_batch=3, prefill_chunk=4))
+    states = [_start(engine, seed=i, max_new=5) for i in range(3)]
+    for i, state in enumerate(states):
+        scheduler.submit(state, f"t{i}", True, _sink([], str(i)))
+    steps = rows = 0
+    while scheduler.active():
+        decoding = len(scheduler.decoding)
+        scheduler.step()
+        steps, rows = steps + (decoding > 0), rows + decoding
+    stats = scheduler.stats()
+    assert (stats["decode_steps"], stats["decode_rows"]) == (steps, rows) and rows > steps > 0
+    assert stats["prefill_tokens"] == sum(s.prompt_len for s in states)
+    assert stats["decode_seconds"] > 0 and stats["prefill_seconds"] > 0
+
+
 def test_one_tenants_burst_does_not_starve_another(engine):
     """Admission is round-robin over tenants: b's single request is admitted right after the
     first of a's ten, not after all of them."""

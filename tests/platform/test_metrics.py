@@ -50,9 +50,14 @@ def test_replica_batch_figures_render():
         "batch_prefilling": 1,
         "batch_kv_reserved_tokens": 5000,
         "batch_draft_cap": None,
+        "batch_decode_steps": 40,
+        "batch_decode_seconds": 6.5,
     }
     m.observe_replica("smol", "r1", stats)
     text = m.render().decode()
     assert 'specserve_replica_batch{base_model="smol",figure="decoding",replica="r1"} 16.0' in text
     assert 'specserve_replica_batch{base_model="smol",figure="waiting",replica="r1"} 3.0' in text
     assert 'specserve_replica_batch{base_model="smol",figure="draft_cap",replica="r1"} -1.0' in text
+    assert 'figure="decode_steps",replica="r1"} 40.0' in text
+    assert 'figure="decode_seconds",replica="r1"} 6.5' in text
+    assert 'figure="prefill_tokens",replica="r1"} -1.0' in text  # not reported: unknown
