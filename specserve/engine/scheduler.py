@@ -84,9 +84,13 @@ class Scheduler:
         self.slots: list[Ticket | None] = []  # slots[i] holds batch row i (None: a free row)
         self.reserved = 0
         self.steps = 0
-        self.busy = {"decode_seconds": 0.0, "decode_rows": 0, "prefill_seconds": 0.0}
-        self.decode_steps = 0
-        self.prefill_tokens = 0
+        self.totals = {  # since start: where the loop's time went (replica figures)
+            "decode_steps": 0,
+            "decode_rows": 0,
+            "decode_seconds": 0.0,
+            "prefill_tokens": 0,
+            "prefill_seconds": 0.0,
+        }
         self.last_cap: int | None = None
         self._ids = itertools.count(1)
         self._lock = threading.Condition()
@@ -140,9 +144,7 @@ class Scheduler:
                 "kv_reserved_tokens": self.reserved,
                 "kv_columns": self.kv.columns,
                 "steps": self.steps,
-                "decode_steps": self.decode_steps,
-                "prefill_tokens": self.prefill_tokens,
-                **self.busy,
+                **self.totals,
                 "draft_cap": self.last_cap,
             }
 
@@ -218,14 +220,14 @@ class Scheduler:
         if self.decoding:
             start, rows = time.perf_counter(), len(self.decoding)
             self._decode()
-            self.busy["decode_seconds"] += time.perf_counter() - start
-            self.busy["decode_rows"] += rows
-            self.decode_steps += 1
+            self.totals["decode_seconds"] += time.perf_counter() - start
+            self.totals["decode_rows"] += rows
+            self.totals["decode_steps"] += 1
             worked = True
         if self.prefilling:
             start = time.perf_counter()
             self._prefill()
-            self.busy["prefill_seconds"] += time.perf_counter() - start
+            self.totals["prefill_seconds"] += time.perf_counter() - start
             worked = True
         self.steps += worked
         return worked
@@ -280,10 +282,10 @@ class Scheduler:
             state = ticket.state
             if len(state.pending) > budget:
                 self.engine.prefill_chunk(state, budget)
-                self.prefill_tokens += budget
+                self.totals["prefill_tokens"] += budget
                 return
             budget -= len(state.pending)
-            self.prefill_tokens += len(state.pending)
+            self.totals["prefill_tokens"] += len(state.pending)
             step = self.engine.step(state)  # the last chunk verifies the first draft as well
             self.prefilling.popleft()
             ticket.sink(step, False)
