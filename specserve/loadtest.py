@@ -29,6 +29,8 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from specserve.platform.metrics import LOOP_TOTALS
+
 MODES = {
     "ar": "ar",
     "spec": "lookahead",
@@ -258,21 +260,12 @@ def kv_reserved(text: str) -> float | None:
     return max(values) if values else None
 
 
-ENGINE_FIGURES = (
-    "decode_steps",
-    "decode_rows",
-    "decode_seconds",
-    "prefill_tokens",
-    "prefill_seconds",
-)
-
-
 def engine_figures(text: str | None) -> dict[str, float] | None:
     """The replicas' cumulative engine-loop figures, summed over replicas; None when unknown."""
     if text is None:
         return None
     sums = {}
-    for figure in ENGINE_FIGURES:
+    for figure in LOOP_TOTALS:
         values = prom_values(text, "specserve_replica_batch", {"figure": figure})
         if not values or min(values) < 0:
             return None
@@ -288,7 +281,7 @@ def engine_share(before: dict | None, after: dict | None, seconds: float) -> dic
     """
     if before is None or after is None or seconds <= 0:
         return None
-    d = {k: after[k] - before[k] for k in ENGINE_FIGURES}
+    d = {k: after[k] - before[k] for k in LOOP_TOTALS}
     steps, tokens = d["decode_steps"], d["prefill_tokens"]
     return {
         "busy_fraction": round((d["decode_seconds"] + d["prefill_seconds"]) / seconds, 3),

@@ -217,8 +217,9 @@ class Scheduler:
         self._drop_cancelled()
         self._admit()
         worked = False
-        if self.decoding:
-            start, rows = time.perf_counter(), len(self.decoding)
+        rows = sum(t is not None for t in self.slots)
+        if rows:
+            start = time.perf_counter()
             self._decode()
             self.totals["decode_seconds"] += time.perf_counter() - start
             self.totals["decode_rows"] += rows

@@ -16,18 +16,15 @@ ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5)
 MAX_DEPTH_LABEL = 16
 
 
+# cumulative since the replica started: where the engine loop's time went (Scheduler.stats)
+LOOP_TOTALS = ("decode_steps", "decode_rows", "decode_seconds", "prefill_tokens", "prefill_seconds")
 BATCH_FIGURES = (
     "waiting",
     "prefilling",
     "decoding",
     "kv_reserved_tokens",
     "draft_cap",
-    # cumulative since the replica started: where the engine loop's time went
-    "decode_steps",
-    "decode_rows",
-    "decode_seconds",
-    "prefill_tokens",
-    "prefill_seconds",
+    *LOOP_TOTALS,
 )
 
 

@@ -19,6 +19,7 @@ from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
 from specserve.engine.lora import BASE_ADAPTER
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.scheduler import BatchSettings, QueueFull, Scheduler
+from specserve.platform.metrics import LOOP_TOTALS
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -235,6 +236,7 @@ def test_stats_account_decode_steps_rows_and_prefill_tokens(engine):
     assert (stats["decode_steps"], stats["decode_rows"]) == (steps, rows) and rows > steps > 0
     assert stats["prefill_tokens"] == sum(s.prompt_len for s in states)
     assert stats["decode_seconds"] > 0 and stats["prefill_seconds"] > 0
+    assert set(LOOP_TOTALS) <= set(stats)  # what the replica reports of them
 
 
 def test_one_tenants_burst_does_not_starve_another(engine):
