@@ -10,15 +10,16 @@ from dataclasses import dataclass
 
 import torch
 
-IGNORE = -100
+IGNORE = -100  # no target here (padding, prompt, past the sequence's end)
+OUT_OF_VOCAB = -1  # a target the draft vocabulary cannot name: not trained on, scored as a miss
 
 
 def vocab_index(draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[vocab] position of each token in the draft vocabulary, IGNORE outside it.
+    """[vocab] position of each token in the draft vocabulary, OUT_OF_VOCAB outside it.
 
-    Example: draft_vocab [2, 5], vocab_size 6 -> [-100, -100, 0, -100, -100, 1].
+    Example: draft_vocab [2, 5], vocab_size 6 -> [-1, -1, 0, -1, -1, 1].
     """
-    index = torch.full((vocab_size,), IGNORE, dtype=torch.long)
+    index = torch.full((vocab_size,), OUT_OF_VOCAB, dtype=torch.long)
     index[draft_vocab] = torch.arange(len(draft_vocab))
     return index
 

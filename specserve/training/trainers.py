@@ -20,6 +20,12 @@ from specserve.engine.drafters.modules import EagleDraft, MedusaHeads, additive_
 from specserve.training.examples import IGNORE, EagleBatch, MedusaRows, ttt_allowed
 
 
+def trained(targets: torch.Tensor) -> torch.Tensor:
+    """Targets a loss learns from: out-of-vocabulary ones (negative indices) become IGNORE.
+    Example: [3, -1, -100] -> [3, -100, -100]."""
+    return targets.masked_fill(targets < 0, IGNORE)
+
+
 class TrainerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -151,6 +157,7 @@ class Loop:
 def medusa_loss(heads: MedusaHeads, rows: torch.Tensor, x, y, decay: float) -> torch.Tensor:
     """Σ_k decay^k · CE(head k logits over the draft vocab, target k); rows [v, H], x [N, H]."""
     out = heads.logits(x, rows)  # [N, K, v]
+    y = trained(y)
     total = x.new_zeros(())
     for k in range(out.shape[1]):
         if (y[:, k] != IGNORE).any():
@@ -195,7 +202,8 @@ def train_medusa(
 @torch.no_grad()
 def medusa_accept_rates(heads, rows_w, data: MedusaRows, topk: int) -> list[list[float]]:
     """acc[k][r]: fraction of rows where head k's rank-r candidate is the right token
-    (r < topk, or fewer when the draft vocabulary is smaller)."""
+    (r < topk, or fewer when the draft vocabulary is smaller); a token outside the draft
+    vocabulary counts as a miss."""
     topk = min(topk, heads.head.shape[1] if heads.head is not None else len(rows_w))
     hits = torch.zeros(data.targets.shape[1], topk)
     counts = torch.zeros(data.targets.shape[1])
@@ -250,7 +258,7 @@ def eagle_loss(outs, batch: EagleBatch, rows_w, settings: TrainerSettings) -> to
     for j, h in enumerate(outs):  # pass j + 1: valid from row j on
         valid = batch.valid.clone()
         valid[:, :j] = False
-        tgt = batch.targets.clone()
+        tgt = trained(batch.targets)
         tgt[:, :j] = IGNORE
         if settings.reg_weight and valid.any():
             reg = F.smooth_l1_loss(h[valid], batch.next_final[valid].to(h.dtype))
@@ -304,7 +312,8 @@ def train_eagle(
 
 @torch.no_grad()
 def eagle_accept_rates(draft, target, rows_w, batches: list[EagleBatch], depth: int, topk: int):
-    """acc[d][r] over held-out pairs: rank-r candidate of unrolled pass d + 1 is the token."""
+    """acc[d][r] over held-out pairs: rank-r candidate of unrolled pass d + 1 is the token (a
+    token outside the draft vocabulary counts as a miss)."""
     topk = min(topk, len(rows_w))
     embed = target.get_input_embeddings()
     hits = torch.zeros(depth, topk)

@@ -39,12 +39,34 @@ def test_ttt_allowed_matches_reference():
 
 def test_vocab_index_and_medusa_rows_examples():
     index = examples.vocab_index(torch.tensor([2, 5]), 6)
-    assert index.tolist() == [-100, -100, 0, -100, -100, 1]
+    assert index.tolist() == [-1, -1, 0, -1, -1, 1]
     ids = [5, 2, 5, 5, 2]
     feats = [torch.arange(5.0)[:, None, None].expand(5, 1, 3)]
     rows = examples.medusa_rows([ids], [2], feats, heads=2, index=index)
     assert rows.features[:, 0].tolist() == [1.0, 2.0]
     assert rows.targets.tolist() == [[1, 0], [0, -100]]
+
+
+def test_out_of_vocabulary_targets_are_not_trained_but_scored_as_misses():
+    assert trainers.trained(torch.tensor([3, -1, -100])).tolist() == [3, -100, -100]
+    index = examples.vocab_index(torch.tensor([2, 5]), 8)
+    feats = [torch.zeros(6, 1, 4)]
+    rows = examples.medusa_rows([[5, 2, 7, 5, 7, 2]], [1], feats, heads=1, index=index)
+    assert rows.targets[:, 0].tolist() == [-1, 1, -1, 0]  # tokens 7, 5, 7, 2
+
+    class Perfect:  # ranks the right in-vocabulary token first whatever the input
+        head = None
+
+        def logits(self, x, rows_w):
+            out = torch.zeros(len(x), 1, 2)
+            out[:, 0, 0] = torch.tensor([0.0, 0.0, 0.0, 1.0])[: len(x)]
+            out[:, 0, 1] = torch.tensor([0.0, 1.0, 0.0, 0.0])[: len(x)]
+            return out
+
+    acc = trainers.medusa_accept_rates(Perfect(), torch.zeros(2, 4), rows, topk=1)
+    assert acc == [[0.5]]  # both in-vocabulary tokens hit, both others missed
+    loss = trainers.medusa_loss(Perfect(), torch.zeros(2, 4), rows.features, rows.targets, 1.0)
+    assert torch.isfinite(loss)
 
 
 def test_eagle_batch_layout():
