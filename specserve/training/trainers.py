@@ -38,6 +38,13 @@ class TrainerSettings(BaseModel):
     ttt_steps: int = Field(2, ge=1, description="unrolled draft steps trained (EAGLE-3 style)")
     reg_weight: float = Field(0.5, ge=0, description="feature regression (smooth L1) weight")
     ce_weight: float = Field(1.0, ge=0, description="token cross-entropy weight")
+    soft_labels: bool = Field(
+        True,
+        description="EAGLE: cross-entropy to the target's whole next-token distribution over the "
+        "draft vocabulary (its LM head on the next final feature), as the EAGLE paper trains, "
+        "instead of to its argmax token (equal-time A/B on 432 answers: depth-1 acceptance "
+        "0.386 -> 0.416, depth 3 0.242 -> 0.294)",
+    )
     feature_noise: float = Field(0.05, ge=0, description="uniform noise, times feature std")
     checkpoint_seconds: float = Field(60, gt=0)
     eval_topk: int = Field(8, ge=1)
@@ -264,9 +271,25 @@ def eagle_loss(outs, batch: EagleBatch, rows_w, settings: TrainerSettings) -> to
             reg = F.smooth_l1_loss(h[valid], batch.next_final[valid].to(h.dtype))
             total = total + settings.reg_weight * reg
         if settings.ce_weight and (tgt != IGNORE).any():
-            logits = h[tgt != IGNORE] @ rows_w.T  # [m, v]
-            total = total + settings.ce_weight * F.cross_entropy(logits, tgt[tgt != IGNORE])
+            scored = tgt != IGNORE
+            logits = h[scored] @ rows_w.T  # [m, v]
+            if settings.soft_labels:
+                teacher = batch.next_final[scored].to(h.dtype) @ rows_w.T  # [m, v]
+                ce = soft_cross_entropy(logits, teacher)
+            else:
+                ce = F.cross_entropy(logits, tgt[scored])
+            total = total + settings.ce_weight * ce
     return total
+
+
+def soft_cross_entropy(logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of -Σ_v softmax(teacher)_v · log softmax(logits)_v; [m, v] each.
+
+    Example: teacher logits that are one-hot-like (one entry +inf-ish) give the ordinary
+    cross-entropy to that entry.
+    """
+    p = teacher_logits.softmax(dim=-1)
+    return -(p * logits.log_softmax(dim=-1)).sum(dim=-1).mean()
 
 
 def train_eagle(

@@ -3,6 +3,9 @@ time budget, resume from a checkpoint, and the unrolled (EAGLE-3 style) attentio
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
 from specserve.engine.drafters.artifact import build_module
@@ -140,7 +143,28 @@ def test_medusa_own_heads_start_as_the_shared_head_and_learn(tiny_llama):
     assert after[1][0] > before[1][0] + 0.1, (before, after)
 
 
-def test_eagle_training_learns(tiny_llama):
+def _soft_ce_reference(logits, teacher):
+    total = 0.0
+    for row, t in zip(logits.tolist(), teacher.tolist()):
+        z_t = math.log(sum(math.exp(x) for x in t))
+        z = math.log(sum(math.exp(x) for x in row))
+        total -= sum(math.exp(tv - z_t) * (x - z) for x, tv in zip(row, t))
+    return total / len(logits)
+
+
+def test_soft_cross_entropy_matches_reference_and_hard_limit():
+    torch.manual_seed(0)
+    logits, teacher = torch.randn(5, 7, dtype=torch.float64), torch.randn(5, 7, dtype=torch.float64)
+    got = trainers.soft_cross_entropy(logits, teacher).item()
+    assert math.isclose(got, _soft_ce_reference(logits, teacher), rel_tol=1e-9)
+    one_hot = torch.full((5, 7), -1e4, dtype=torch.float64)
+    one_hot[torch.arange(5), torch.tensor([0, 3, 6, 2, 2])] = 0.0
+    hard = torch.nn.functional.cross_entropy(logits, torch.tensor([0, 3, 6, 2, 2]))
+    assert math.isclose(trainers.soft_cross_entropy(logits, one_hot).item(), hard.item())
+
+
+@pytest.mark.parametrize("soft", [False, True])
+def test_eagle_training_learns(tiny_llama, soft):
     model = tiny_llama(1, init_range=0.1)
     seqs = _loopy_data(model)
     plens = [4] * len(seqs)
@@ -154,7 +178,7 @@ def test_eagle_training_learns(tiny_llama):
     draft = build_module(model, EagleSpec())
     w = head_rows(model, vocab)
     before = trainers.eagle_accept_rates(draft, model, w, batches, depth=2, topk=1)
-    settings = trainers.TrainerSettings(lr=3e-3, warmup_steps=2, ce_weight=1.0)
+    settings = trainers.TrainerSettings(lr=3e-3, warmup_steps=2, ce_weight=1.0, soft_labels=soft)
     state = trainers.train_eagle(draft, model, w, batches, settings, budget_s=4.0)
     after = trainers.eagle_accept_rates(draft, model, w, batches, depth=2, topk=1)
     assert state["step"] > 5
