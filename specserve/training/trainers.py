@@ -285,8 +285,8 @@ def eagle_loss(outs, batch: EagleBatch, rows_w, settings: TrainerSettings) -> to
 def soft_cross_entropy(logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
     """Mean over rows of -Σ_v softmax(teacher)_v · log softmax(logits)_v; [m, v] each.
 
-    Example: teacher logits that are one-hot-like (one entry +inf-ish) give the ordinary
-    cross-entropy to that entry.
+    Example: logits [[0, 0]], teacher [[0, 0]] -> -(0.5 log 0.5 + 0.5 log 0.5) = log 2 ≈ 0.693;
+    a teacher with one entry far above the rest gives the ordinary cross-entropy to that entry.
     """
     p = teacher_logits.softmax(dim=-1)
     return -(p * logits.log_softmax(dim=-1)).sum(dim=-1).mean()

@@ -155,6 +155,8 @@ def _soft_ce_reference(logits, teacher):
 def test_soft_cross_entropy_matches_reference_and_hard_limit():
     torch.manual_seed(0)
     logits, teacher = torch.randn(5, 7, dtype=torch.float64), torch.randn(5, 7, dtype=torch.float64)
+    even = trainers.soft_cross_entropy(torch.zeros(1, 2), torch.zeros(1, 2)).item()
+    assert math.isclose(even, math.log(2), rel_tol=1e-6)
     got = trainers.soft_cross_entropy(logits, teacher).item()
     assert math.isclose(got, _soft_ce_reference(logits, teacher), rel_tol=1e-9)
     one_hot = torch.full((5, 7), -1e4, dtype=torch.float64)
