@@ -20,7 +20,7 @@ from specserve.engine.drafters.modules import EagleDraft, MedusaHeads, additive_
 from specserve.training.examples import IGNORE, EagleBatch, MedusaRows, ttt_allowed
 
 
-def trained(targets: torch.Tensor) -> torch.Tensor:
+def trainable_targets(targets: torch.Tensor) -> torch.Tensor:
     """Targets a loss learns from: out-of-vocabulary ones (negative indices) become IGNORE.
     Example: [3, -1, -100] -> [3, -100, -100]."""
     return targets.masked_fill(targets < 0, IGNORE)
@@ -164,7 +164,7 @@ class Loop:
 def medusa_loss(heads: MedusaHeads, rows: torch.Tensor, x, y, decay: float) -> torch.Tensor:
     """Σ_k decay^k · CE(head k logits over the draft vocab, target k); rows [v, H], x [N, H]."""
     out = heads.logits(x, rows)  # [N, K, v]
-    y = trained(y)
+    y = trainable_targets(y)
     total = x.new_zeros(())
     for k in range(out.shape[1]):
         if (y[:, k] != IGNORE).any():
@@ -265,7 +265,7 @@ def eagle_loss(outs, batch: EagleBatch, rows_w, settings: TrainerSettings) -> to
     for j, h in enumerate(outs):  # pass j + 1: valid from row j on
         valid = batch.valid.clone()
         valid[:, :j] = False
-        tgt = trained(batch.targets)
+        tgt = trainable_targets(batch.targets)
         tgt[:, :j] = IGNORE
         if settings.reg_weight and valid.any():
             reg = F.smooth_l1_loss(h[valid], batch.next_final[valid].to(h.dtype))

@@ -51,7 +51,7 @@ def test_vocab_index_and_medusa_rows_examples():
 
 
 def test_out_of_vocabulary_targets_are_not_trained_but_scored_as_misses():
-    assert trainers.trained(torch.tensor([3, -1, -100])).tolist() == [3, -100, -100]
+    assert trainers.trainable_targets(torch.tensor([3, -1, -100])).tolist() == [3, -100, -100]
     index = examples.vocab_index(torch.tensor([2, 5]), 8)
     feats = [torch.zeros(6, 1, 4)]
     rows = examples.medusa_rows([[5, 2, 7, 5, 7, 2]], [1], feats, heads=1, index=index)
@@ -69,7 +69,9 @@ def test_out_of_vocabulary_targets_are_not_trained_but_scored_as_misses():
     acc = trainers.medusa_accept_rates(Perfect(), torch.zeros(2, 4), rows, topk=1)
     assert acc == [[0.5]]  # both in-vocabulary tokens hit, both others missed
     loss = trainers.medusa_loss(Perfect(), torch.zeros(2, 4), rows.features, rows.targets, 1.0)
-    assert torch.isfinite(loss)
+    logits = Perfect().logits(rows.features, None)[:, 0]  # only the in-vocabulary rows count
+    in_vocab = torch.nn.functional.cross_entropy(logits[[1, 3]], torch.tensor([1, 0]))
+    assert torch.equal(loss, in_vocab)
 
 
 def test_eagle_batch_layout():
