@@ -37,14 +37,21 @@ def parse_overrides(items: list[str], scoped: bool) -> dict:
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="catalog name, HF dir or .gguf file")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if present)")
-    p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default by device)")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (the fastest measured on this device, cached) / float32 (exact) / bfloat16",
+    )
     p.add_argument("--cache-dir", type=Path, default=None, help="default $SPECSERVE_CACHE")
 
 
 def _load(args):
     from specserve.engine.models import load_model
 
-    return load_model(args.model, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
+    if loaded.dtype_choice is not None:
+        _log(f"dtype {loaded.dtype_choice.chosen} (auto: {loaded.dtype_choice.reason})")
+    return loaded
 
 
 def _cache_dir(args) -> Path:

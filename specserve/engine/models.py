@@ -459,6 +459,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     eos_token_ids: frozenset[int]
+    dtype_choice: Any = None  # dtype_choice.DtypeChoice when loaded with dtype="auto"
 
 
 def _eos_ids(model: transformers.PreTrainedModel, tok: Any) -> frozenset[int]:
@@ -538,7 +539,13 @@ def load_model(
     dtype: str | None = None,
     cache_dir: Path | None = None,
 ) -> LoadedModel:
-    """Load a catalog model (pulling it if needed), an HF model dir, or a .gguf file."""
+    """Load a catalog model (pulling it if needed), an HF model dir, or a .gguf file.
+
+    dtype "auto": the dtype measured fastest for this model and device (`dtype_choice`, cached);
+    None: float32 on CPU (the exact mode), bfloat16 on CUDA.
+    """
+    if str(dtype).strip().lower() == "auto":
+        return _load_auto(name_or_path, device, cache_dir)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     path = Path(str(name_or_path)).expanduser()
@@ -567,3 +574,21 @@ def load_model(
     raise ModelLoadError(
         f"{path} is neither a catalog name, an HF model directory nor a .gguf file"
     )
+
+
+def _load_auto(name_or_path: str, device: str | None, cache_dir: Path | None) -> LoadedModel:
+    """Load in float32, then cast to the cached (or now measured) fastest dtype."""
+    from specserve.engine import dtype_choice
+
+    loaded = load_model(name_or_path, device=device, dtype="float32", cache_dir=cache_dir)
+    cache = cache_dir or default_cache_dir()
+    choice = dtype_choice.cached_choice(cache, loaded.model_id, loaded.device)
+    if choice is None:
+        choice = dtype_choice.measure_choice(loaded.model, loaded.model_id)
+        dtype_choice.save_choice(cache, choice)
+    chosen = dtype_choice.dtype_of(choice.chosen)
+    if chosen != loaded.dtype:
+        loaded.model.to(chosen)
+        loaded.dtype = chosen
+    loaded.dtype_choice = choice
+    return loaded
