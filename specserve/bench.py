@@ -20,7 +20,7 @@ from specserve.engine.lora import adapter_kwargs, is_peft_model
 from specserve.engine.prompts import encode_prompt
 from specserve.engine.sampling import SamplingParams
 
-BASELINES = ("hf_ar", "hf_pld")
+BASELINES = ("hf_ar", "hf_pld", "hf_ar_fp32")  # hf_ar_fp32: generate() on a float32 copy
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class BenchPrompt:
 class MethodTotals:
     outputs: dict[int, list[int]] = field(default_factory=dict)  # question_id -> output ids
     by_task: dict[str, list[float]] = field(default_factory=dict)  # task -> [tokens, s, forwards]
+    widths: list[int] = field(default_factory=list)  # tokens scored by each decode step (ours)
 
     def add(self, prompt: BenchPrompt, output: list[int], seconds: float, forwards: int) -> None:
         self.outputs[prompt.question_id] = output
@@ -103,20 +104,27 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def run_method(engine: Engine, name: str, config: dict | None, ids, max_new_tokens, adapter=None):
-    """One greedy decode (with LoRA `adapter` if given); returns (output ids, seconds, forwards)."""
+def run_method(
+    engine: Engine, name: str, config: dict | None, ids, max_new_tokens, adapter=None, fp32=None
+):
+    """One greedy decode (with LoRA `adapter` if given); returns (output ids, seconds, forwards,
+    verify widths). `fp32`: the float32 copy of the model `hf_ar_fp32` runs on."""
     _sync(engine.model.device)
     start = time.perf_counter()
+    widths: list[int] = []
     if name in BASELINES:
+        model = fp32 if name == "hf_ar_fp32" else engine.model
+        if model is None:
+            raise ValueError("hf_ar_fp32: no float32 copy of the model was given")
         output, forwards = run_hf(
-            engine.model, ids, max_new_tokens, engine.eos_ids, pld=name == "hf_pld", adapter=adapter
+            model, ids, max_new_tokens, engine.eos_ids, pld=name == "hf_pld", adapter=adapter
         )
     else:
         params = SamplingParams(max_new_tokens=max_new_tokens)
         result = engine.generate(ids, params, name, config, adapter=adapter)
-        output, forwards = result.output_ids, result.forwards
+        output, forwards, widths = result.output_ids, result.forwards, result.widths
     _sync(engine.model.device)
-    return output, time.perf_counter() - start, forwards
+    return output, time.perf_counter() - start, forwards, widths
 
 
 def run_bench(
@@ -126,18 +134,21 @@ def run_bench(
     max_new_tokens: int,
     log=lambda msg: print(msg, file=sys.stderr, flush=True),
     adapter: str | None = None,
+    fp32=None,
 ) -> dict[str, MethodTotals]:
-    """Decode every prompt with every method (after one warm-up each), base + `adapter` if given."""
+    """Decode every prompt with every method (after one warm-up each), base + `adapter` if given;
+    `fp32`: the float32 copy for `hf_ar_fp32`."""
     for name, config in methods.items():
-        run_method(engine, name, config, prompts[0].ids, 4, adapter)
+        run_method(engine, name, config, prompts[0].ids, 4, adapter, fp32)
     totals = {name: MethodTotals() for name in methods}
     for i, prompt in enumerate(prompts, 1):
         line = []
         for name, config in methods.items():
-            output, seconds, forwards = run_method(
-                engine, name, config, prompt.ids, max_new_tokens, adapter
+            output, seconds, forwards, widths = run_method(
+                engine, name, config, prompt.ids, max_new_tokens, adapter, fp32
             )
             totals[name].add(prompt, output, seconds, forwards)
+            totals[name].widths += widths
             line.append(f"{name} {len(output) / seconds:.1f} tok/s τ {len(output) / forwards:.2f}")
         log(f"[{i}/{len(prompts)}] {prompt.task}#{prompt.question_id}: " + " | ".join(line))
     return totals
@@ -151,12 +162,16 @@ def _rate(rows) -> tuple[float, float]:
 
 
 def build_report(
-    model_id, device, prompts, max_new_tokens, totals: dict[str, MethodTotals]
+    model_id, device, prompts, max_new_tokens, totals: dict[str, MethodTotals], curve=None
 ) -> dict:
     """{"model", "device", "prompts", "max_new_tokens", "results": {NAME: {"tok_s", "tau",
-    "speedup_vs_hf_ar", "identical_to_ar", "by_task": {TASK: {"tok_s", "tau"}}}}}"""
+    "speedup_vs_hf_ar", "identical_to_ar", "by_task": {TASK: {"tok_s", "tau"}}}}}; with the
+    cost `curve`, ours also get "mean_padded_width", "predicted_speedup" (τ / mean relative
+    step cost) and "efficiency" (measured speedup over ar / predicted) and "efficiency_vs_hf_ar"
+    (the same with the speedup over hf_ar)."""
     reference = totals.get("ar")
     hf_rate = _rate(totals["hf_ar"].by_task.values())[0] if "hf_ar" in totals else None
+    ar_rate = _rate(reference.by_task.values())[0] if reference else None
     results = {}
     for name, method in totals.items():
         tok_s, tau = _rate(method.by_task.values())
@@ -170,6 +185,12 @@ def build_report(
                 for task, row in method.by_task.items()
             },
         }
+        if curve is not None and method.widths:
+            results[name].update(_predicted(curve, method.widths, tau))
+    ar_predicted = results.get("ar", {}).get("predicted_speedup")
+    for name, r in results.items():
+        if "predicted_speedup" in r and ar_predicted:
+            r.update(_efficiency(r["tok_s"], r["predicted_speedup"], ar_rate, ar_predicted, hf_rate))
     return {
         "model": model_id,
         "device": device,
@@ -179,9 +200,47 @@ def build_report(
     }
 
 
+def _predicted(curve, widths: list[int], tau: float) -> dict:
+    """What the cost curve allows: τ / mean relative step cost (padded widths).
+
+    Example: τ 2.0, every step 4 wide at relative cost 1.25 -> predicted 1.6.
+    """
+    cost = sum(curve.relative(w) for w in widths) / len(widths)
+    padded = sum(curve.padded_width(w) for w in widths) / len(widths)
+    return {"mean_padded_width": round(padded, 3), "predicted_speedup": round(tau / cost, 3)}
+
+
+def _efficiency(tok_s, predicted, ar_rate, ar_predicted, hf_rate) -> dict:
+    """Measured speedup over ar / the curve's predicted speedup over ar (so ar's is 1.0), and
+    over hf_ar / the prediction (hf_ar's step taken as one plain 1-token forward).
+
+    Example: predicted 1.6 (ar 1.0), measured 1.44x ar -> efficiency 0.9.
+    """
+    out = {"efficiency": round(tok_s / ar_rate / (predicted / ar_predicted), 3)}
+    if hf_rate:
+        out["efficiency_vs_hf_ar"] = round(tok_s / hf_rate / predicted, 3)
+    return out
+
+
+def check_contract(
+    model, prompts: list[BenchPrompt], totals: dict[str, MethodTotals], tolerance, adapter=None
+) -> dict:
+    """NAME -> the tie check (`engine.ties.check_outputs`) of its outputs against `ar`'s, for
+    every method decoding with the served model (hf_ar_fp32 runs another one)."""
+    from specserve.engine.ties import check_outputs
+
+    by_id = {p.question_id: p.ids for p in prompts}
+    reference = totals["ar"].outputs
+    return {
+        name: check_outputs(model, by_id, reference, m.outputs, tolerance, adapter).model_dump()
+        for name, m in totals.items()
+        if name not in ("ar", "hf_ar_fp32")
+    }
+
+
 def format_table(report: dict) -> str:
     tasks = sorted({t for r in report["results"].values() for t in r["by_task"]})
-    head = f"{'method':<15}{'tok/s':>8}{'tau':>7}{'vs hf_ar':>10}{'same':>6}  " + " ".join(
+    head = f"{'method':<15}{'tok/s':>8}{'tau':>7}{'vs hf_ar':>10}{'same':>6}{'eff':>6}  " + " ".join(
         f"{t[:12]:>12}" for t in tasks
     )
     lines = [head, "-" * len(head)]
@@ -193,8 +252,14 @@ def format_table(report: dict) -> str:
             for t in tasks
         )
         speed_s = f"{speed:.2f}x" if speed is not None else "-"
-        lines.append(f"{name:<15}{r['tok_s']:>8.1f}{r['tau']:>7.2f}{speed_s:>10}{same:>6}  {cells}")
-    lines.append("(per task: tau/tok_s)")
+        if r["identical_to_ar"] is False and "all_ties" in r:
+            same = "tie" if r["all_ties"] else "NO"
+        eff = f"{r['efficiency']:.2f}" if "efficiency" in r else "-"
+        lines.append(
+            f"{name:<15}{r['tok_s']:>8.1f}{r['tau']:>7.2f}{speed_s:>10}{same:>6}{eff:>6}  {cells}"
+        )
+    lines.append("(per task: tau/tok_s; same: identical to ar, tie: differs only at ties; ")
+    lines.append(" eff: measured speedup over ar / (tau / relative cost of the padded widths))")
     return "\n".join(lines)
 
 

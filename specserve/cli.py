@@ -239,7 +239,9 @@ def cmd_train_drafter(args) -> int:
 def cmd_tune(args) -> int:
     loaded, _, _ = _load_target(args)
     _, _, choices, curve = _tuned_methods(args, loaded, args.strategies.split(","), _log)
-    print(json.dumps({"cost_curve_ms": curve.ms, "choices": choices}, indent=1))
+    choice = loaded.dtype_choice.model_dump() if loaded.dtype_choice is not None else None
+    out = {"dtype": str(loaded.dtype), "dtype_choice": choice, "cost_curve_ms": curve.ms}
+    print(json.dumps(out | {"choices": choices}, indent=1))
     return 0
 
 
@@ -270,12 +272,27 @@ def cmd_bench(args) -> int:
         choices[kind] = {"config": methods[kind], **info}
         _log(f"  {kind}: {methods[kind]} ({info})")
     methods.update({b: None for b in baselines})
+    fp32 = _fp32_copy(args, loaded) if "hf_ar_fp32" in baselines else None
     prompts = bench.load_specbench(args.data, args.per_task, loaded.tokenizer)
     _log(f"benchmarking {len(prompts)} prompts x {len(methods)} methods ...")
-    totals = bench.run_bench(engine, prompts, methods, args.max_new_tokens, _log, adapter)
+    totals = bench.run_bench(engine, prompts, methods, args.max_new_tokens, _log, adapter, fp32)
     report = bench.build_report(
-        loaded.model_id, _device_name(loaded.device), prompts, args.max_new_tokens, totals
+        loaded.model_id, _device_name(loaded.device), prompts, args.max_new_tokens, totals, curve
     )
+    report["dtype"] = str(loaded.dtype)
+    report["dtype_choice"] = (
+        loaded.dtype_choice.model_dump()
+        if loaded.dtype_choice is not None
+        else {"chosen": str(loaded.dtype), "reason": f"--dtype {args.dtype}"}
+    )
+    if "ar" in totals:
+        _log("checking every divergence from ar (plain forwards over the common prefix) ...")
+        report["tie_tolerance"] = tolerance = _tie_tolerance(loaded.model, loaded.tokenizer, adapter)
+        checks = bench.check_contract(loaded.model, prompts, totals, tolerance["tolerance"], adapter)
+        for name, check in checks.items():
+            report["results"][name].update(
+                {k: check[k] for k in ("divergences", "max_tie_gap", "all_ties")}
+            )
     report["cost_curve_ms"] = curve.ms
     report["strategy_configs"] = {n: c for n, c in methods.items() if c is not None}
     report["tuning"] = choices
@@ -291,6 +308,35 @@ def cmd_bench(args) -> int:
         bench.plot_report(report, Path(args.plot))
         _log(f"wrote {args.plot}")
     return 0
+
+
+def _fp32_copy(args, loaded):
+    """The served model in float32 (the same object when it already is), with the same adapter."""
+    import copy
+
+    import torch
+
+    if loaded.dtype == torch.float32:
+        return loaded.model
+    _log("loading a float32 copy for hf_ar_fp32 ...")
+    fp32_args = copy.copy(args)
+    fp32_args.dtype = "float32"
+    return _load_target(fp32_args)[0].model
+
+
+def _tie_tolerance(model, tokenizer, adapter) -> dict:
+    """The measured logit-gap noise between 1-row, k-row and cache-free forwards of calibration
+    prompts (never benchmark data): the tolerance a divergence must be within to be a tie."""
+    from specserve.engine.prompts import calibration_prompts, encode_prompt
+    from specserve.engine.ties import measure_tolerance
+
+    import random
+
+    sequences = [encode_prompt(tokenizer, p)[:160] for p in calibration_prompts(6)[:6]]
+    rng = random.Random(0)  # and random tokens: logits far from any text the docs hold
+    vocab = model.config.vocab_size
+    sequences += [[rng.randrange(vocab) for _ in range(120)] for _ in range(2)]
+    return measure_tolerance(model, sequences, adapter=adapter).model_dump()
 
 
 def cmd_finetune(args) -> int:

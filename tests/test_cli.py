@@ -7,7 +7,18 @@ import json
 
 import pytest
 
-from specserve.cli import main, parse_overrides
+from specserve.cli import main as cli_main
+from specserve.cli import parse_overrides
+
+MODEL_COMMANDS = ("generate", "bench", "tune", "train-drafter", "finetune")
+
+
+def main(argv: list[str]) -> int:
+    """The CLI in its exact mode (float32) unless a test names a dtype: the default `auto` would
+    measure the tiny model and might pick bfloat16, whose outputs equal ar's only up to ties."""
+    if argv and argv[0] in MODEL_COMMANDS and "--dtype" not in argv:
+        argv = [*argv, "--dtype", "float32"]
+    return cli_main(argv)
 
 
 def test_parse_overrides():
@@ -69,7 +80,7 @@ def test_generate_streams_on_a_tiny_model(capsys, tmp_path, model_dir):
 def test_bench_rejects_unknown_baseline(capsys, tmp_path):
     code = main(["bench", "--baselines", "hf_ar,vllm", "--cache-dir", str(tmp_path)])
     assert code == 2
-    assert "valid: hf_ar, hf_pld" in capsys.readouterr().err
+    assert "valid: hf_ar, hf_pld, hf_ar_fp32" in capsys.readouterr().err
 
 
 def test_bench_report_contract(tmp_path, model_dir):
@@ -98,7 +109,7 @@ def test_bench_report_contract(tmp_path, model_dir):
             "--strategies",
             "ar,prompt_lookup,lookahead",
             "--baselines",
-            "hf_ar,hf_pld",
+            "hf_ar,hf_pld,hf_ar_fp32",
             "--out",
             str(out),
         ]
@@ -106,13 +117,46 @@ def test_bench_report_contract(tmp_path, model_dir):
     assert code == 0
     report = json.loads(out.read_text())
     assert {"model", "device", "prompts", "max_new_tokens", "results"} <= set(report)
+    assert {"dtype", "dtype_choice", "tie_tolerance", "cost_curve_ms"} <= set(report)
+    assert report["dtype"] == "torch.float32"
     assert report["prompts"] == 2 and report["max_new_tokens"] == 6
-    assert set(report["results"]) == {"ar", "prompt_lookup", "lookahead", "hf_ar", "hf_pld"}
+    assert set(report["results"]) == {
+        "ar", "prompt_lookup", "lookahead", "hf_ar", "hf_pld", "hf_ar_fp32"
+    }  # fmt: skip
+    common = {"tok_s", "tau", "speedup_vs_hf_ar", "identical_to_ar", "by_task"}
+    contract = {"divergences", "max_tie_gap", "all_ties"}
+    ours = {"mean_padded_width", "predicted_speedup", "efficiency", "efficiency_vs_hf_ar"}
     for name, r in report["results"].items():
-        assert set(r) == {"tok_s", "tau", "speedup_vs_hf_ar", "identical_to_ar", "by_task"}
+        expected = common | (ours if name in ("ar", "prompt_lookup", "lookahead") else set())
+        expected |= contract if name not in ("ar", "hf_ar_fp32") else set()
+        assert set(r) == expected, name
         assert set(r["by_task"]) == {"alpha", "beta"}
         assert r["identical_to_ar"] is True, name
+        if name in contract:
+            assert r["divergences"] == [] and r["all_ties"] is True
     assert report["results"]["hf_ar"]["speedup_vs_hf_ar"] == 1.0
+    assert report["results"]["ar"]["efficiency"] == 1.0
+    assert report["tie_tolerance"]["tolerance"] < 1e-4  # fp32: rounding noise only
+
+
+def test_bench_in_bf16_reports_divergences_as_ties(tmp_path, model_dir):
+    """bf16: the report names the dtype, the float32 baseline is another model, and whatever
+    differs from ar is checked against the measured tolerance."""
+    data = tmp_path / "bench.jsonl"
+    rows = [{"question_id": i, "task": "t", "turns": [f"w{i} w{i + 1} " * 6]} for i in range(3, 7)]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "report.json"
+    argv = ["bench", "--model", str(model_dir), "--cache-dir", str(tmp_path), "--data", str(data)]
+    argv += ["--per-task", "4", "--max-new-tokens", "12", "--no-tune", "--dtype", "bfloat16"]
+    argv += ["--baselines", "hf_ar,hf_ar_fp32", "--strategies", "ar,prompt_lookup"]
+    assert main(argv + ["--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["dtype"] == "torch.bfloat16"
+    assert report["dtype_choice"] == {"chosen": "torch.bfloat16", "reason": "--dtype bfloat16"}
+    assert 0 <= report["tie_tolerance"]["tolerance"] < 1.0
+    pl = report["results"]["prompt_lookup"]
+    assert pl["all_ties"] is True and pl["identical_to_ar"] == (pl["divergences"] == [])
+    assert report["results"]["hf_ar_fp32"]["tok_s"] > 0
 
 
 @pytest.fixture(scope="module")

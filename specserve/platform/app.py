@@ -74,6 +74,10 @@ class ModelServer:
             str(source), device=settings.device, dtype=settings.dtype, cache_dir=settings.cache_dir
         )
         loaded.model_id = model_id  # the served name, whatever directory it came from
+        self.dtype = {"dtype": str(loaded.dtype)} | (
+            {"dtype_reason": loaded.dtype_choice.reason} if loaded.dtype_choice else {}
+        )
+        log.info("model %s in %s", model_id, self.dtype)
         limits = AdapterLimits(
             root=settings.resolved_adapter_root(), max_resident=settings.max_adapters_per_replica
         )
@@ -120,7 +124,7 @@ class ModelServer:
 
     def stats(self) -> dict:
         health = self.sync.health()
-        return self.service.stats() | {"pool_sync_ok": health.get("status") == "ok"}
+        return self.service.stats() | {"pool_sync_ok": health.get("status") == "ok"} | self.dtype
 
     def __del__(self) -> None:
         sync = getattr(self, "sync", None)

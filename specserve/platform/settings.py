@@ -60,7 +60,9 @@ class PlatformSettings(BaseModel):
         {}, description="served name -> local HF dir (not the catalog)"
     )
     device: str | None = None
-    dtype: str | None = None
+    dtype: str = Field(
+        "auto", description="auto (the fastest measured here, cached), float32 (exact), bfloat16"
+    )
     batch: BatchSettings = Field(BatchSettings(), description="each replica's engine loop limits")
     torch_threads: int | None = Field(
         None,

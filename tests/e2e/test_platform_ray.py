@@ -51,6 +51,7 @@ def stack(tmp_path_factory, save_tiny_model_dir):
         "model_dirs": {"tiny": str(model_dir)},
         "adapter_root": str(adapter_root),
         "max_tokens": 240,
+        "dtype": "float32",  # the exact mode: outputs compared token for token
     }
     deployments = [
         {"name": "Gateway", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0}},

@@ -38,6 +38,7 @@ def test_train_follow_and_artifact_keyed_to_the_version(
     shutil.copytree(make_adapter("v1", base, seed=1, base_name="tiny"), adapter)
     monkeypatch.setenv("REDIS_URL", redis_server.url)
     args = {"models": ["tiny"], "model_dirs": {"tiny": str(model_dir)}, "adapter_root": str(root)}
+    args["dtype"] = "float32"  # the exact mode: outputs compared token for token
     settings = PlatformSettings.from_args(
         args | {"max_tokens": 64}, env={"SPECSERVE_CACHE": str(tmp_path / "cache")}
     )
@@ -143,6 +144,7 @@ def test_policy_queues_training_once_for_a_stable_variant(
     monkeypatch.setenv("REDIS_URL", redis_server.url)
     monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path / "cache"))
     args = {"models": ["tiny"], "model_dirs": {"tiny": str(model_dir)}, "adapter_root": str(root)}
+    args["dtype"] = "float32"  # the exact mode: outputs compared token for token
     settings = PlatformSettings.from_args(args)
     registry = Registry(redis_store, clock=lambda: time.time() - 7200)  # registered two hours ago
     base_spec = BaseModelSpec.of(loaded.model, ["tiny"])
