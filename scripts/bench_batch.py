@@ -37,9 +37,11 @@ def main() -> None:
     ap.add_argument("--mix", action="store_true", help="interleave the six tasks")
     ap.add_argument("--prefill-chunk", type=int, default=BatchSettings().prefill_chunk)
     ap.add_argument("--first", type=int, default=0, help="start at this prompt of the sequence")
+    ap.add_argument("--dtype", default="auto", help="auto (measured, cached) / float32 / bfloat16")
     args = ap.parse_args()
 
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, dtype=args.dtype)
+    print(f"dtype {loaded.dtype}", loaded.dtype_choice.reason if loaded.dtype_choice else "")
     limits = AdapterLimits(root=args.adapter.parent, max_resident=max(args.variants, 1))
     adapters = ResidentAdapters(loaded.model, base_model_names(args.model), limits)
     names = [f"v{i}" for i in range(args.variants)]

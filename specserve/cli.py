@@ -208,6 +208,8 @@ def load_drafters(drafter_dir: Path, loaded, adapter_sha: str | None, kinds: lis
             ):
                 raise ValueError(f"drafter-dir: no {kind} drafter in {drafter_dir}")
         out[kind] = load_drafter(path, loaded.model, loaded.model_id, adapter_sha, weights)
+        for note in out[kind].notes:
+            _log(f"note: {note}")
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -151,6 +152,9 @@ class ModelService:
             except (ValueError, OSError) as err:  # mismatch, missing files: never garbage drafts
                 reason = f"{decision.reason}; but its {decision.strategy} drafter was refused ({err}); lookahead"
                 decision = Decision("lookahead", reason)
+            if drafter is not None and drafter.notes:
+                reason = "; ".join([decision.reason, *drafter.notes])
+                decision = dataclasses.replace(decision, reason=reason)
         base = (
             drafter_cfg if drafter_cfg is not None else self.strategy_configs.get(decision.strategy)
         )

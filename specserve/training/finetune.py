@@ -168,7 +168,8 @@ def finetune(
         target_modules=config.target_modules,
         task_type="CAUSAL_LM",
     )
-    model = peft.get_peft_model(model, lora)
+    base_dtype = str(model.dtype)
+    model = peft.get_peft_model(model, lora)  # LoRA weights in float32 (peft's default upcast)
     loss_before = mean_loss(model.eval(), held, config, pad_id) if held else None
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate
@@ -213,6 +214,8 @@ def finetune(
         "config": config.model_dump(),
         "examples": {"train": len(train), "held_out": len(held)},
         "steps": step,
+        "dtype": base_dtype,  # the frozen base's; the trained LoRA weights are float32
+        "adapter_dtype": str(next(p for p in model.parameters() if p.requires_grad).dtype),
         "stopped_by": stopped_by,
         "seconds": round(time.monotonic() - started, 1),
         "train_loss_first_last": [round(losses[0], 4), round(losses[-1], 4)] if losses else None,

@@ -192,6 +192,7 @@ def train_drafter(
         spec=spec.model_dump(),
         draft_vocab_size=len(draft_vocab),
         accept_rates=[[round(x, 4) for x in row] for row in acc],
+        feature_dtype=str(model.dtype),  # features from the target as loaded: the serving dtype
         training={
             "data": data.source,
             "examples": len(train_idx),

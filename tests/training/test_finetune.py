@@ -6,6 +6,7 @@ import copy
 import json
 
 import pytest
+import torch
 
 from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
@@ -138,3 +139,25 @@ def test_training_is_reproducible(tiny_llama, tmp_path):
     assert (tmp_path / "0" / "adapter_model.safetensors").read_bytes() == (
         tmp_path / "1" / "adapter_model.safetensors"
     ).read_bytes()
+
+
+def test_finetune_on_a_bf16_base_learns_with_float32_lora_weights(tiny_llama, tmp_path):
+    """The serving dtype may be bf16 (`--dtype auto`): the frozen base computes in bf16, the LoRA
+    weights train in float32, and the adapter serves on a float32 base too."""
+    base = copy.deepcopy(tiny_llama(0, head_scale=40.0)).to(torch.bfloat16)
+    pattern = [10, 20, 30, 40, 50, 60] * 6
+    examples = [Example(pattern[i : i + 24], pattern[i : i + 24]) for i in range(6)] * 4
+    config = FinetuneConfig(
+        rank=4, learning_rate=3e-2, epochs=25, batch_size=4, held_out_fraction=0.25, dropout=0.0
+    )
+    out = tmp_path / "adapters" / "pattern"
+    record = finetune(base, SpaceTokenizer(), examples, config, out, "tiny", {"desc": "pattern"})
+    assert record["dtype"] == "torch.bfloat16" and record["adapter_dtype"] == "torch.float32"
+    before, after = record["held_out_loss_before_after"]
+    assert after < 0.5 * before
+    fresh = copy.deepcopy(tiny_llama(0, head_scale=40.0))
+    resident = ResidentAdapters(fresh, ["tiny"], AdapterLimits(root=out.parent))
+    resident.ensure("pattern@1", out)
+    engine = Engine(resident.model, SpaceTokenizer(), frozenset())
+    variant = engine.generate(pattern[:8], SamplingParams(max_new_tokens=12), "ar").output_ids
+    assert variant == (pattern * 3)[8:20]

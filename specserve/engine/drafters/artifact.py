@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -43,6 +43,8 @@ class Manifest(BaseModel):
         description="held-out acc[d][r]: rank-r candidate at depth d + 1 is the target's token"
     )
     heldout_tau: float | None = None  # measured by decoding held-out prompts with the drafter
+    # dtype of the target whose features it learned (None: written before this was recorded)
+    feature_dtype: str | None = None
     training: dict = Field(default_factory=dict)  # data description, sizes, time, steps
     created_at: str = Field(
         default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat()
@@ -58,6 +60,7 @@ class Drafter:
     module: MedusaHeads | EagleDraft
     draft_vocab: torch.Tensor  # [v] token ids the draft LM head scores
     target: object  # the served model (frozen embedding, LM head and rotary come from it)
+    notes: list[str] = field(default_factory=list)  # served, but not as trained (e.g. the dtype)
 
     @property
     def kind(self) -> str:
@@ -169,4 +172,21 @@ def load_drafter(
     module.to(model.device).eval()
     for p in module.parameters():
         p.requires_grad_(False)
-    return Drafter(manifest, spec, module, vocab.to(model.device), model)
+    return Drafter(manifest, spec, module, vocab.to(model.device), model, dtype_notes(manifest, model))
+
+
+def dtype_notes(manifest: Manifest, model) -> list[str]:
+    """A note when the drafter learned features of another dtype than the one it serves in
+    (bf16 features differ from fp32 ones enough to lower acceptance; the output stays lossless).
+
+    Example: trained on torch.float32 features, served on bfloat16 -> ["eagle drafter trained on
+    torch.float32 features, served on torch.bfloat16: acceptance may be lower than measured"].
+    """
+    trained = manifest.feature_dtype or manifest.training.get("dtype")
+    served = str(model.dtype)
+    if trained is None or trained == served:
+        return []
+    return [
+        f"{manifest.kind} drafter trained on {trained} features, served on {served}: "
+        "acceptance may be lower than measured; retrain in the serving dtype"
+    ]

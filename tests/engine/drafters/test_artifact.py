@@ -102,3 +102,24 @@ def test_manifest_rejects_unknown_fields(tmp_path, tiny_llama, random_drafter):
     with pytest.raises(ValueError, match="colour"):
         read_manifest(path)
     assert Manifest.model_fields["kind"]
+
+
+def test_a_drafter_served_in_another_dtype_says_so(tmp_path, tiny_llama, random_drafter):
+    import copy
+
+    model = tiny_llama(0)
+    drafter = random_drafter(model, EagleSpec())
+    drafter.manifest.feature_dtype = "torch.float32"
+    path = _save(tmp_path, model, drafter)
+    assert load_drafter(path, model, "tiny").notes == []
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    notes = load_drafter(path, bf16, "tiny").notes
+    assert len(notes) == 1 and "trained on torch.float32 features, served on torch.bfloat16" in notes[0]
+
+
+def test_older_manifests_fall_back_to_the_training_dtype(tmp_path, tiny_llama, random_drafter):
+    model = tiny_llama(0)
+    drafter = random_drafter(model, MedusaSpec())
+    drafter.manifest.training = {"dtype": "torch.bfloat16"}
+    path = _save(tmp_path, model, drafter)
+    assert "served on torch.float32" in load_drafter(path, model, "tiny").notes[0]
