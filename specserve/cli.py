@@ -43,6 +43,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         help="auto (the fastest measured on this device, cached) / float32 (exact) / bfloat16",
     )
     p.add_argument("--cache-dir", type=Path, default=None, help="default $SPECSERVE_CACHE")
+    p.add_argument(
+        "--logits",
+        default="model",
+        choices=["model", "float32"],
+        help="float32: the LM head in float32 over a bf16 model's hidden states (fewer ties)",
+    )
 
 
 def _load(args):
@@ -51,6 +57,11 @@ def _load(args):
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
     if loaded.dtype_choice is not None:
         _log(f"dtype {loaded.dtype_choice.chosen} (auto: {loaded.dtype_choice.reason})")
+    if getattr(args, "logits", "model") == "float32":
+        from specserve.engine.head import use_float32_head
+
+        if use_float32_head(loaded.model):
+            _log("logits: the LM head runs in float32")
     return loaded
 
 
@@ -327,17 +338,10 @@ def _fp32_copy(args, loaded):
 
 
 def _tie_tolerance(model, tokenizer, adapter) -> dict:
-    """The measured logit-gap noise between 1-row, k-row and cache-free forwards of calibration
-    prompts (never benchmark data): the tolerance a divergence must be within to be a tie."""
-    from specserve.engine.prompts import calibration_prompts, encode_prompt
-    from specserve.engine.ties import measure_tolerance
+    """The tolerance a divergence must be within to be a tie, measured on calibration text."""
+    from specserve.engine.ties import measure_tolerance, tolerance_sequences
 
-    import random
-
-    sequences = [encode_prompt(tokenizer, p)[:160] for p in calibration_prompts(6)[:6]]
-    rng = random.Random(0)  # and random tokens: logits far from any text the docs hold
-    vocab = model.config.vocab_size
-    sequences += [[rng.randrange(vocab) for _ in range(120)] for _ in range(2)]
+    sequences = tolerance_sequences(tokenizer, model.config.vocab_size)
     return measure_tolerance(model, sequences, adapter=adapter).model_dump()
 
 

@@ -76,6 +76,18 @@ def _incremental_and_block(model, ids: list[int], k: int, adapter: str | None):
     return torch.stack(rows).float(), block.tree_logits.float()
 
 
+def tolerance_sequences(tokenizer, vocab_size: int, count: int = 6) -> list[list[int]]:
+    """Sequences the tolerance is measured on: calibration prompts (Python's docs, never benchmark
+    data) cut to 160 tokens, and two seeded random-token ones (logits far from any such text)."""
+    import random
+
+    from specserve.engine.prompts import calibration_prompts, encode_prompt
+
+    sequences = [encode_prompt(tokenizer, p)[:160] for p in calibration_prompts(count)[:count]]
+    rng = random.Random(0)
+    return sequences + [[rng.randrange(vocab_size) for _ in range(120)] for _ in range(2)]
+
+
 class TieTolerance(BaseModel):
     tolerance: float  # the largest gap noise seen
     by_width: dict[int, float]  # k -> largest gap noise between 1-row and k-row forwards
