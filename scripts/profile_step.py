@@ -59,7 +59,7 @@ def main() -> None:
     args = ap.parse_args()
     loaded = load_model(args.model, dtype=args.dtype)
     engine = Engine.from_loaded(loaded)
-    rows = [json.loads(line) for line in args.data.read_text().splitlines()][:: 80][: args.prompts]
+    rows = [json.loads(line) for line in args.data.read_text().splitlines()][::80][: args.prompts]
     prompts = [encode_prompt(loaded.tokenizer, r["turns"][0]) for r in rows]
     params = SamplingParams(max_new_tokens=args.max_tokens)
     engine.generate(prompts[0], SamplingParams(max_new_tokens=4), args.strategy)  # warm-up
@@ -79,9 +79,13 @@ def main() -> None:
     profiler.disable()
     wall = time.perf_counter() - start
     stats = pstats.Stats(profiler)
-    print(f"{loaded.dtype}, {args.strategy}, {len(prompts)} prompts, {tokens} tokens, {steps} forwards")
-    print(f"wall {1000 * wall / steps:.1f} ms per forward (cProfile on; hf generate() "
-          f"{1000 * hf_s / hf_tokens:.1f} ms per token without it)")
+    print(
+        f"{loaded.dtype}, {args.strategy}, {len(prompts)} prompts, {tokens} tokens, {steps} forwards"
+    )
+    print(
+        f"wall {1000 * wall / steps:.1f} ms per forward (cProfile on; hf generate() "
+        f"{1000 * hf_s / hf_tokens:.1f} ms per token without it)"
+    )
     for label, (suffix, name) in PARTS.items():
         print(f"  {label:<15} {1000 * cumulative(stats, suffix, name) / steps:7.2f} ms per forward")
     print(f"torch threads {torch.get_num_threads()}")

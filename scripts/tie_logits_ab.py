@@ -26,8 +26,10 @@ def main() -> None:
             use_float32_head(loaded.model)
         tol = measure_tolerance(loaded.model, sequences)
         cost = measure_cost_curve(loaded.model, "ab", sizes=(1, 4), repeats=5)
-        print(f"{label}: tolerance {tol.tolerance} (by width {tol.by_width}, vs plain "
-              f"{tol.vs_plain}); forward ms {cost.ms}")
+        print(
+            f"{label}: tolerance {tol.tolerance} (by width {tol.by_width}, vs plain "
+            f"{tol.vs_plain}); forward ms {cost.ms}"
+        )
 
 
 if __name__ == "__main__":

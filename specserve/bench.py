@@ -190,7 +190,9 @@ def build_report(
     ar_predicted = results.get("ar", {}).get("predicted_speedup")
     for name, r in results.items():
         if "predicted_speedup" in r and ar_predicted:
-            r.update(_efficiency(r["tok_s"], r["predicted_speedup"], ar_rate, ar_predicted, hf_rate))
+            r.update(
+                _efficiency(r["tok_s"], r["predicted_speedup"], ar_rate, ar_predicted, hf_rate)
+            )
     return {
         "model": model_id,
         "device": device,
@@ -240,8 +242,9 @@ def check_contract(
 
 def format_table(report: dict) -> str:
     tasks = sorted({t for r in report["results"].values() for t in r["by_task"]})
-    head = f"{'method':<15}{'tok/s':>8}{'tau':>7}{'vs hf_ar':>10}{'same':>6}{'eff':>6}  " + " ".join(
-        f"{t[:12]:>12}" for t in tasks
+    head = (
+        f"{'method':<15}{'tok/s':>8}{'tau':>7}{'vs hf_ar':>10}{'same':>6}{'eff':>6}  "
+        + " ".join(f"{t[:12]:>12}" for t in tasks)
     )
     lines = [head, "-" * len(head)]
     for name, r in report["results"].items():

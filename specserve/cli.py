@@ -300,8 +300,12 @@ def cmd_bench(args) -> int:
     )
     if "ar" in totals:
         _log("checking every divergence from ar (plain forwards over the common prefix) ...")
-        report["tie_tolerance"] = tolerance = _tie_tolerance(loaded.model, loaded.tokenizer, adapter)
-        checks = bench.check_contract(loaded.model, prompts, totals, tolerance["tolerance"], adapter)
+        report["tie_tolerance"] = tolerance = _tie_tolerance(
+            loaded.model, loaded.tokenizer, adapter
+        )
+        checks = bench.check_contract(
+            loaded.model, prompts, totals, tolerance["tolerance"], adapter
+        )
         for name, check in checks.items():
             report["results"][name].update(
                 {k: check[k] for k in ("divergences", "max_tie_gap", "all_ties")}

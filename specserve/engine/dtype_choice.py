@@ -96,8 +96,8 @@ def save_choice(cache_dir: Path, choice: DtypeChoice) -> Path:
 
 
 def dtype_of(name: str) -> torch.dtype:
-    """"torch.bfloat16" -> torch.bfloat16."""
+    """ "torch.bfloat16" -> torch.bfloat16."""
     value = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(value, torch.dtype):
-        raise ValueError(f"not a torch dtype: {name!r}")
+        raise ValueError(f"not a torch dtype: {name!r}")  # noqa: TRY004 - a bad name, not type
     return value

@@ -42,7 +42,9 @@ def test_auto_measures_once_then_reads_the_cache(tmp_path, save_tiny_model_dir, 
     model_dir = save_tiny_model_dir(tmp_path / "m")
     first = load_model(str(model_dir), device="cpu", dtype="auto", cache_dir=tmp_path)
     assert first.dtype_choice is not None
-    assert str(first.dtype) == first.dtype_choice.chosen == str(next(first.model.parameters()).dtype)
+    assert (
+        str(first.dtype) == first.dtype_choice.chosen == str(next(first.model.parameters()).dtype)
+    )
     path = dtype_choice.choice_path(tmp_path, first.model_id, "cpu", torch.get_num_threads())
     assert path.exists()
 

@@ -90,7 +90,9 @@ def test_fp32_tolerance_is_zero_and_outputs_identical(setup):
     model, engine, prompts, ref = setup
     tol = ties.measure_tolerance(model, list(prompts.values())[:2])
     assert tol.tolerance < 1e-4  # fp32: rounding noise only; outputs are still bit-exact
-    check = ties.check_outputs(model, prompts, ref, _outputs(engine, prompts, "prompt_lookup", WIDE), 0.0)
+    check = ties.check_outputs(
+        model, prompts, ref, _outputs(engine, prompts, "prompt_lookup", WIDE), 0.0
+    )
     assert check.identical and check.all_ties and check.max_tie_gap is None
 
 
@@ -116,5 +118,7 @@ def test_bf16_divergences_are_ties_within_the_measured_tolerance(setup, tokenize
     assert 0.0 < tol.tolerance < 0.5
     ref = _outputs(engine, prompts, "ar")
     for strategy, config in (("prompt_lookup", WIDE), ("lookahead", None)):
-        check = ties.check_outputs(bf16, prompts, ref, _outputs(engine, prompts, strategy, config), tol.tolerance)
+        check = ties.check_outputs(
+            bf16, prompts, ref, _outputs(engine, prompts, strategy, config), tol.tolerance
+        )
         assert check.all_ties, (strategy, check)

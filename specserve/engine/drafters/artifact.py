@@ -172,7 +172,9 @@ def load_drafter(
     module.to(model.device).eval()
     for p in module.parameters():
         p.requires_grad_(False)
-    return Drafter(manifest, spec, module, vocab.to(model.device), model, dtype_notes(manifest, model))
+    return Drafter(
+        manifest, spec, module, vocab.to(model.device), model, dtype_notes(manifest, model)
+    )
 
 
 def dtype_notes(manifest: Manifest, model) -> list[str]:
@@ -186,7 +188,8 @@ def dtype_notes(manifest: Manifest, model) -> list[str]:
     served = str(model.dtype)
     if trained is None or trained == served:
         return []
-    return [
+    note = (
         f"{manifest.kind} drafter trained on {trained} features, served on {served}: "
         "acceptance may be lower than measured; retrain in the serving dtype"
-    ]
+    )
+    return [note]

@@ -114,7 +114,10 @@ def test_a_drafter_served_in_another_dtype_says_so(tmp_path, tiny_llama, random_
     assert load_drafter(path, model, "tiny").notes == []
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
     notes = load_drafter(path, bf16, "tiny").notes
-    assert len(notes) == 1 and "trained on torch.float32 features, served on torch.bfloat16" in notes[0]
+    assert (
+        len(notes) == 1
+        and "trained on torch.float32 features, served on torch.bfloat16" in notes[0]
+    )
 
 
 def test_older_manifests_fall_back_to_the_training_dtype(tmp_path, tiny_llama, random_drafter):
