@@ -179,6 +179,36 @@ def test_batched_rows_equal_each_request_alone(engine, seed, cost):
         assert 0 in seen[-1]["caps"]
 
 
+def test_bf16_batched_rows_differ_from_alone_only_at_ties(lora_model, tokenizer, random_drafter):
+    """The batched path in bf16 (row attention, ragged cache, batched LoRA, drafters): greedy
+    outputs equal each request alone except at numerical ties within the measured tolerance."""
+    from specserve.engine import ties
+
+    model = copy.deepcopy(lora_model).to(torch.bfloat16)
+    drafters = {
+        "medusa": random_drafter(model, MedusaSpec(heads=2, topk=4), seed=2, scale=0.1),
+        "eagle": random_drafter(model, EagleSpec(feature_layers=(0, -1)), seed=3, scale=0.1),
+    }
+    engine = Engine(model, tokenizer, frozenset(), drafters=drafters)
+    reqs = [r | {"temperature": 0.0, "cancel_at": None} for r in _requests(5, 12)]
+    scheduler = Scheduler(engine, BatchSettings(max_batch=6, prefill_chunk=16))
+    seen = _run(engine, scheduler, reqs)
+    rng = random.Random(0)
+    sequences = [_prompt(rng, 40) for _ in range(3)]
+    tolerance = max(ties.measure_tolerance(model, sequences, adapter=a).tolerance for a in ADAPTERS)
+    assert 0 < tolerance < 0.1
+    identical = 0
+    for i, req in enumerate(reqs):
+        want = _alone(engine, req)
+        check = ties.check_outputs(
+            model, {i: req["prompt"]}, {i: want}, {i: seen[i]["ids"]}, tolerance, req["adapter"]
+        )
+        assert check.all_ties, (i, req["strategy"], req["adapter"], check)
+        identical += check.identical
+    assert identical >= len(reqs) // 2
+    assert seen[-1]["max_rows"] >= 4
+
+
 def _start(engine, n_prompt=8, max_new=6, strategy="ar", adapter=None, seed=0):
     prompt = _prompt(random.Random(seed), n_prompt)
     return engine.start(
