@@ -50,7 +50,7 @@ class CostCurve(BaseModel):
         return self.ms[self.padded_width(k)] / base
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -71,10 +71,10 @@ def measure_cost_curve(
     for _ in range(repeats + 1):
         for k in sizes:
             chain = DraftTree(tuple(prefix[: k - 1]), tuple(range(-1, k - 2)))
-            _sync(model.device)
+            sync_device(model.device)
             start = time.perf_counter()
             verify_forward(model, cache, context - 1, prefix[-1:], Draft(chain))
-            _sync(model.device)
+            sync_device(model.device)
             times[k].append(time.perf_counter() - start)
             hf_internals.keep_rows(cache, context - 1, [])
     ms = {k: round(statistics.median(t[1:]) * 1000, 3) for k, t in times.items()}

@@ -1,30 +1,51 @@
-"""`--dtype auto`: the dtype whose 1-token forward is fastest on this device, measured once per
-(model, device, threads) and cached beside the cost curves; never a CPU-flag guess (bf16 is
-natively fast on some CPUs and 44-499x slower on AVX2-only ones, pytorch#146508).
+"""`--dtype auto`: the dtype in which a typical request (prefill + decode) is cheapest on this
+device, measured once per (model, device, threads) and cached beside the cost curves; never a
+CPU-flag guess (bf16 is natively fast on some CPUs, slow on AVX2-only ones, pytorch#146508).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import statistics
+import time
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from specserve.engine.cost import cache_stem, measure_cost_curve
+from specserve.engine import hf_internals
+from specserve.engine.cost import cache_stem, measure_cost_curve, sync_device
+from specserve.engine.forward import verify_forward
+from specserve.engine.tree import Draft
 
 # fp32 is the exact mode: another dtype must beat it by this factor to be chosen (noise margin)
 MIN_GAIN = 1.05
+FORMAT = 2
+
+
+class Workload(BaseModel):
+    """The request the choice prices: Spec-Bench's six-task mix averages ~290 prompt tokens."""
+
+    prompt_tokens: int = 300
+    new_tokens: int = 128
+
+
+class DtypeCost(BaseModel):
+    ms: dict[int, float]  # {k: ms of a k-token verify forward over a 200-token context}
+    prefill_ms_per_token: float  # one forward over `prefill` prompt tokens, per token
+    request_ms: float  # workload.prompt_tokens * prefill + workload.new_tokens * ms[1]
 
 
 class DtypeChoice(BaseModel):
+    format: int = FORMAT
     model_id: str
     device: str
     threads: int
     torch_version: str
     context: int
-    ms: dict[str, dict[int, float]]  # dtype -> {k: ms of a k-token verify forward}
+    workload: Workload
+    costs: dict[str, DtypeCost]  # dtype name -> measured costs
     chosen: str
     reason: str
 
@@ -36,22 +57,47 @@ def candidates(device: torch.device) -> list[torch.dtype]:
     return [torch.float32, torch.bfloat16]
 
 
-def pick(ms_at_1: dict[str, float], min_gain: float = MIN_GAIN) -> tuple[str, str]:
-    """(dtype, reason): the fastest 1-token forward; float32 unless another beats it by min_gain.
+def request_ms(ms_at_1: float, prefill_ms_per_token: float, workload: Workload) -> float:
+    """Example: 60 ms a decode step, 2.4 ms a prompt token, 300 + 128 tokens -> 8400.0 ms."""
+    return workload.prompt_tokens * prefill_ms_per_token + workload.new_tokens * ms_at_1
 
-    Example: {"torch.float32": 60.0, "torch.bfloat16": 38.0} -> ("torch.bfloat16", "... 1.58x ...");
-    {"torch.float32": 60.0, "torch.bfloat16": 58.0} -> ("torch.float32", "... within 1.05x ...").
+
+def pick(costs: dict[str, DtypeCost], min_gain: float = MIN_GAIN) -> tuple[str, str]:
+    """(dtype, reason): the cheapest request; float32 unless another beats it by `min_gain`.
+
+    Example: float32 {1: 60 ms, prefill 2.45 ms/token, request 8415 ms}, bfloat16 {1: 38 ms,
+    1.70 ms/token, 5374 ms} -> ("torch.bfloat16", "... bfloat16 1.57x cheaper"); bfloat16 at
+    {1: 50 ms, 16 ms/token} costs 11200 ms -> ("torch.float32", "... float32 (cheapest)").
     """
     fp32 = "torch.float32"
-    best = min(ms_at_1, key=ms_at_1.get)
-    figures = ", ".join(f"{d.removeprefix('torch.')} {v:.1f} ms" for d, v in ms_at_1.items())
-    if fp32 not in ms_at_1:
-        return best, f"1-token forward {figures}; the only candidates on this device"
-    gain = ms_at_1[fp32] / ms_at_1[best]
+    best = min(costs, key=lambda d: costs[d].request_ms)
+    figures = "; ".join(
+        f"{d.removeprefix('torch.')}: decode {c.ms[1]:.1f} ms, prefill "
+        f"{c.prefill_ms_per_token:.2f} ms/token, request {c.request_ms / 1000:.2f} s"
+        for d, c in costs.items()
+    )
+    if fp32 not in costs:
+        return best, f"{figures} (the only candidates on this device)"
+    gain = costs[fp32].request_ms / costs[best].request_ms
     if best == fp32 or gain < min_gain:
-        why = "fastest" if best == fp32 else f"others within {min_gain:.2f}x, fp32 is exact"
-        return fp32, f"1-token forward {figures}: float32 ({why})"
-    return best, f"1-token forward {figures}: {best.removeprefix('torch.')} {gain:.2f}x faster"
+        why = "cheapest" if best == fp32 else f"others within {min_gain:.2f}x, fp32 is exact"
+        return fp32, f"{figures}: float32 ({why})"
+    return best, f"{figures}: {best.removeprefix('torch.')} {gain:.2f}x cheaper"
+
+
+def measure_prefill(model, tokens: int = 128, repeats: int = 3) -> float:
+    """Median ms per token of one forward over `tokens` prompt tokens into an empty cache."""
+    vocab = model.config.vocab_size
+    ids = [(11 * i + 5) % vocab for i in range(tokens)]
+    times = []
+    for _ in range(repeats + 1):
+        cache = hf_internals.new_cache(model.config)
+        sync_device(model.device)
+        start = time.perf_counter()
+        verify_forward(model, cache, 0, ids, Draft())
+        sync_device(model.device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:]) * 1000 / tokens
 
 
 def choice_path(cache_dir: Path, model_id: str, device, threads: int) -> Path:
@@ -59,33 +105,47 @@ def choice_path(cache_dir: Path, model_id: str, device, threads: int) -> Path:
     return Path(cache_dir) / "costs" / f"dtype-{stem}.json"
 
 
-def measure_choice(model, model_id: str, context: int = 200, repeats: int = 5) -> DtypeChoice:
-    """Time 1- and 4-token verify forwards of `model` (any dtype) in each candidate dtype."""
-    ms: dict[str, dict[int, float]] = {}
+def measure_choice(
+    model, model_id: str, workload: Workload | None = None, context: int = 200, repeats: int = 5
+) -> DtypeChoice:
+    """Time 1- and 4-token verify forwards and a 128-token prefill of `model` in each candidate."""
+    workload = workload or Workload()
+    costs: dict[str, DtypeCost] = {}
     for dtype in candidates(model.device):
         copy_ = model if model.dtype == dtype else copy.deepcopy(model).to(dtype)
         curve = measure_cost_curve(copy_, model_id, sizes=(1, 4), context=context, repeats=repeats)
-        ms[str(dtype)] = curve.ms
+        prefill = measure_prefill(copy_)
+        costs[str(dtype)] = DtypeCost(
+            ms=curve.ms,
+            prefill_ms_per_token=round(prefill, 4),
+            request_ms=round(request_ms(curve.ms[1], prefill, workload), 1),
+        )
         del copy_
-    chosen, reason = pick({d: v[1] for d, v in ms.items()})
+    chosen, reason = pick(costs)
     return DtypeChoice(
         model_id=model_id,
         device=str(model.device),
         threads=torch.get_num_threads(),
         torch_version=torch.__version__,
         context=context,
-        ms=ms,
+        workload=workload,
+        costs=costs,
         chosen=chosen,
         reason=reason,
     )
 
 
 def cached_choice(cache_dir: Path, model_id: str, device) -> DtypeChoice | None:
+    """The cached choice, or None when absent, from another torch or an older format."""
     path = choice_path(cache_dir, model_id, device, torch.get_num_threads())
     if not path.exists():
         return None
-    choice = DtypeChoice.model_validate(json.loads(path.read_text()))
-    return choice if choice.torch_version == torch.__version__ else None
+    try:
+        choice = DtypeChoice.model_validate(json.loads(path.read_text()))
+    except (ValidationError, ValueError):
+        return None
+    ok = choice.torch_version == torch.__version__ and choice.format == FORMAT
+    return choice if ok else None
 
 
 def save_choice(cache_dir: Path, choice: DtypeChoice) -> Path:

@@ -9,14 +9,25 @@ from specserve.engine import dtype_choice
 from specserve.engine.models import load_model
 
 
+def _cost(ms1: float, prefill: float) -> dtype_choice.DtypeCost:
+    total = dtype_choice.request_ms(ms1, prefill, dtype_choice.Workload())
+    return dtype_choice.DtypeCost(ms={1: ms1}, prefill_ms_per_token=prefill, request_ms=total)
+
+
+def test_request_ms_example():
+    assert dtype_choice.request_ms(60.0, 2.4, dtype_choice.Workload()) == pytest.approx(8400.0)
+
+
 def test_pick_examples():
-    chosen, reason = dtype_choice.pick({"torch.float32": 60.0, "torch.bfloat16": 38.0})
-    assert chosen == "torch.bfloat16" and "1.58x faster" in reason
-    chosen, reason = dtype_choice.pick({"torch.float32": 60.0, "torch.bfloat16": 58.0})
-    assert chosen == "torch.float32" and "within 1.05x" in reason
-    chosen, reason = dtype_choice.pick({"torch.float32": 40.0, "torch.bfloat16": 900.0})
-    assert chosen == "torch.float32" and "fastest" in reason
-    assert dtype_choice.pick({"torch.bfloat16": 22.0})[0] == "torch.bfloat16"
+    fp32, bf16 = "torch.float32", "torch.bfloat16"
+    chosen, reason = dtype_choice.pick({fp32: _cost(60, 2.45), bf16: _cost(38, 1.70)})
+    assert chosen == bf16 and "1.57x cheaper" in reason
+    chosen, reason = dtype_choice.pick({fp32: _cost(60, 2.45), bf16: _cost(58, 2.40)})
+    assert chosen == fp32 and "within 1.05x" in reason
+    # faster decode, far slower prefill (bf16 on an AVX2-only core): the request decides
+    chosen, reason = dtype_choice.pick({fp32: _cost(60, 2.45), bf16: _cost(50, 16.0)})
+    assert chosen == fp32 and "cheapest" in reason
+    assert dtype_choice.pick({bf16: _cost(22, 0.1)})[0] == bf16
 
 
 def test_candidates_per_device():
@@ -32,10 +43,14 @@ def test_dtype_of():
 
 def test_measure_times_each_candidate(tiny_llama):
     choice = dtype_choice.measure_choice(tiny_llama(0), "tiny", context=20, repeats=1)
-    assert set(choice.ms) == {"torch.float32", "torch.bfloat16"}
-    assert all(set(v) == {1, 4} and min(v.values()) > 0 for v in choice.ms.values())
-    expected, _ = dtype_choice.pick({d: v[1] for d, v in choice.ms.items()})
-    assert choice.chosen == expected and choice.threads == torch.get_num_threads()
+    assert set(choice.costs) == {"torch.float32", "torch.bfloat16"}
+    for cost in choice.costs.values():
+        assert set(cost.ms) == {1, 4} and min(cost.ms.values()) > 0
+        assert cost.prefill_ms_per_token > 0
+        want = dtype_choice.request_ms(cost.ms[1], cost.prefill_ms_per_token, choice.workload)
+        assert cost.request_ms == pytest.approx(want, abs=0.1)
+    assert choice.chosen == dtype_choice.pick(choice.costs)[0]
+    assert choice.threads == torch.get_num_threads()
 
 
 def test_auto_measures_once_then_reads_the_cache(tmp_path, save_tiny_model_dir, monkeypatch):
@@ -65,7 +80,8 @@ def test_auto_follows_a_cached_bf16_choice(tmp_path, save_tiny_model_dir):
         threads=torch.get_num_threads(),
         torch_version=torch.__version__,
         context=200,
-        ms={"torch.float32": {1: 60.0, 4: 88.0}, "torch.bfloat16": {1: 38.0, 4: 39.0}},
+        workload=dtype_choice.Workload(),
+        costs={"torch.float32": _cost(60, 2.45), "torch.bfloat16": _cost(38, 1.7)},
         chosen="torch.bfloat16",
         reason="test",
     )
@@ -75,3 +91,14 @@ def test_auto_follows_a_cached_bf16_choice(tmp_path, save_tiny_model_dir):
     assert next(loaded.model.parameters()).dtype == torch.bfloat16
     exact = load_model(str(model_dir), device="cpu", dtype="float32", cache_dir=tmp_path)
     assert exact.dtype == torch.float32 and exact.dtype_choice is None
+
+
+def test_a_cache_of_an_older_format_is_measured_again(tmp_path, save_tiny_model_dir):
+    model_dir = save_tiny_model_dir(tmp_path / "m")
+    path = dtype_choice.choice_path(
+        tmp_path, str(model_dir.resolve()), "cpu", torch.get_num_threads()
+    )
+    path.parent.mkdir(parents=True)
+    path.write_text('{"model_id": "x", "ms": {}}')
+    loaded = load_model(str(model_dir), device="cpu", dtype="auto", cache_dir=tmp_path)
+    assert loaded.dtype_choice is not None and loaded.dtype_choice.format == dtype_choice.FORMAT
