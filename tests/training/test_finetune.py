@@ -76,16 +76,23 @@ def test_config_refuses_unknown_names():
         FinetuneConfig.model_validate({"rnak": 4})
 
 
-def test_finetune_writes_a_valid_adapter_that_learns(tiny_llama, tmp_path):
-    base = copy.deepcopy(tiny_llama(0, head_scale=40.0))  # room for confident logits after the norm
-    spec = BaseModelSpec.of(base, ["tiny"])
-    pattern = [10, 20, 30, 40, 50, 60] * 6
-    examples = [Example(pattern[i : i + 24], pattern[i : i + 24]) for i in range(6)] * 4
+PATTERN = [10, 20, 30, 40, 50, 60] * 6
+
+
+def _learn_pattern(base, out):
+    """Fine-tune `base` on windows of PATTERN (a task the adapter must learn); the run record."""
+    examples = [Example(PATTERN[i : i + 24], PATTERN[i : i + 24]) for i in range(6)] * 4
     config = FinetuneConfig(
         rank=4, learning_rate=3e-2, epochs=25, batch_size=4, held_out_fraction=0.25, dropout=0.0
     )
+    return finetune(base, SpaceTokenizer(), examples, config, out, "tiny", {"desc": "pattern"})
+
+
+def test_finetune_writes_a_valid_adapter_that_learns(tiny_llama, tmp_path):
+    base = copy.deepcopy(tiny_llama(0, head_scale=40.0))  # room for confident logits after the norm
+    spec = BaseModelSpec.of(base, ["tiny"])
     out = tmp_path / "adapters" / "pattern"
-    record = finetune(base, SpaceTokenizer(), examples, config, out, "tiny", {"desc": "pattern"})
+    record = _learn_pattern(base, out)
     before, after = record["held_out_loss_before_after"]
     assert after < 0.5 * before
     checked = validate_adapter(out, spec, AdapterLimits(root=out.parent))
@@ -97,9 +104,9 @@ def test_finetune_writes_a_valid_adapter_that_learns(tiny_llama, tmp_path):
     resident.ensure("pattern@1", out)
     engine = Engine(resident.model, SpaceTokenizer(), frozenset())
     params = SamplingParams(max_new_tokens=12)
-    variant = engine.generate(pattern[:8], params, "lookahead", adapter="pattern@1").output_ids
-    plain = engine.generate(pattern[:8], params, "ar", adapter=BASE_ADAPTER).output_ids
-    assert variant == (pattern * 3)[8:20]
+    variant = engine.generate(PATTERN[:8], params, "lookahead", adapter="pattern@1").output_ids
+    plain = engine.generate(PATTERN[:8], params, "ar", adapter=BASE_ADAPTER).output_ids
+    assert variant == (PATTERN * 3)[8:20]
     assert plain != variant
 
 
@@ -145,13 +152,8 @@ def test_finetune_on_a_bf16_base_learns_with_float32_lora_weights(tiny_llama, tm
     """The serving dtype may be bf16 (`--dtype auto`): the frozen base computes in bf16, the LoRA
     weights train in float32, and the adapter serves on a float32 base too."""
     base = copy.deepcopy(tiny_llama(0, head_scale=40.0)).to(torch.bfloat16)
-    pattern = [10, 20, 30, 40, 50, 60] * 6
-    examples = [Example(pattern[i : i + 24], pattern[i : i + 24]) for i in range(6)] * 4
-    config = FinetuneConfig(
-        rank=4, learning_rate=3e-2, epochs=25, batch_size=4, held_out_fraction=0.25, dropout=0.0
-    )
     out = tmp_path / "adapters" / "pattern"
-    record = finetune(base, SpaceTokenizer(), examples, config, out, "tiny", {"desc": "pattern"})
+    record = _learn_pattern(base, out)
     assert record["dtype"] == "torch.bfloat16" and record["adapter_dtype"] == "torch.float32"
     before, after = record["held_out_loss_before_after"]
     assert after < 0.5 * before
@@ -159,5 +161,5 @@ def test_finetune_on_a_bf16_base_learns_with_float32_lora_weights(tiny_llama, tm
     resident = ResidentAdapters(fresh, ["tiny"], AdapterLimits(root=out.parent))
     resident.ensure("pattern@1", out)
     engine = Engine(resident.model, SpaceTokenizer(), frozenset())
-    variant = engine.generate(pattern[:8], SamplingParams(max_new_tokens=12), "ar").output_ids
-    assert variant == (pattern * 3)[8:20]
+    variant = engine.generate(PATTERN[:8], SamplingParams(max_new_tokens=12), "ar").output_ids
+    assert variant == (PATTERN * 3)[8:20]
