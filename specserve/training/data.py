@@ -107,14 +107,21 @@ def generate_answers(
 
 @torch.inference_mode()
 def teacher_features(
-    model, sequences: list[list[int]], layers: tuple[int, ...], batch_size: int = 8
-) -> list[torch.Tensor]:
+    model,
+    sequences: list[list[int]],
+    layers: tuple[int, ...],
+    batch_size: int = 8,
+    deadline: float | None = None,
+) -> list[torch.Tensor | None]:
     """Per sequence, features [T, len(layers), H] (float32, CPU) of a causal forward over it
-    (right-padded batches; padding never reaches a real row under the causal mask)."""
-    out: list[torch.Tensor] = []
+    (right-padded batches; padding never reaches a real row under the causal mask). Batches go
+    shortest first; past `deadline` (time.monotonic()) no new batch starts and the sequences not
+    reached get None."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     by_index: dict[int, torch.Tensor] = {}
     for start in range(0, len(order), batch_size):
+        if deadline is not None and time.monotonic() > deadline:
+            break
         idx = order[start : start + batch_size]
         width = max(len(sequences[i]) for i in idx)
         ids = torch.zeros((len(idx), width), dtype=torch.long)
@@ -131,8 +138,7 @@ def teacher_features(
         feats = hf_internals.hidden_features(res, layers)  # [b, T, L, H]
         for r, i in enumerate(idx):
             by_index[i] = feats[r, : len(sequences[i])].float().cpu()
-    out = [by_index[i] for i in range(len(sequences))]
-    return out
+    return [by_index.get(i) for i in range(len(sequences))]
 
 
 def token_counts(sequences: list[list[int]], vocab_size: int) -> torch.Tensor:

@@ -45,6 +45,9 @@ class DrafterTrainSettings(BaseModel):
     kind: str = Field(pattern="^(medusa|eagle)$")
     budget_minutes: float = Field(20.0, gt=0, description="whole command, data included")
     data_share: float = Field(0.6, gt=0, le=1, description="most of the budget data may take")
+    features_share: float = Field(
+        0.15, ge=0, le=1, description="most of the budget teacher features may take after data"
+    )
     prompts: int = Field(480, ge=2)
     heldout: int = Field(24, ge=1, description="prompts kept out of training, for evaluation")
     max_new_tokens: int = Field(128, ge=1)
@@ -140,8 +143,15 @@ def train_drafter(
     if kind == "medusa" and spec.own_head:
         spec = spec.model_copy(update={"own_head": len(draft_vocab)})
     log(f"teacher features (layers {layers}) over {len(seqs) + len(held_seqs)} sequences ...")
-    feats = teacher_features(model, seqs, layers)
     held_feats = teacher_features(model, held_seqs, layers)
+    share = min(settings.data_share + settings.features_share, 1.0)
+    feats = teacher_features(model, seqs, layers, deadline=started + share * budget_s)
+    kept = [i for i, f in enumerate(feats) if f is not None]
+    if len(kept) < 2:
+        raise ValueError("train-drafter: no time left for teacher features; raise the budget")
+    if len(kept) < len(seqs):  # a slow forward (e.g. bf16 without native bf16): fewer rows
+        log(f"teacher features: {len(kept)} of {len(seqs)} sequences within the budget")
+        seqs, plens, feats = ([x[i] for i in kept] for x in (seqs, plens, feats))
     module = build_module(model, spec).to(model.device)
     rows_w = head_rows(model, draft_vocab.to(model.device)).float()
     module.float()

@@ -71,3 +71,16 @@ def test_teacher_features_equal_single_forwards(tiny_llama):
     for s, f in zip(seqs, feats):
         out = model(input_ids=torch.tensor([s]), output_hidden_states=True)
         assert torch.allclose(f, hf_internals.hidden_features(out, (0, -1))[0], atol=1e-5)
+
+
+@torch.inference_mode()
+def test_teacher_features_stop_at_the_deadline_shortest_first(tiny_llama, monkeypatch):
+    import time
+
+    model = tiny_llama(0)
+    seqs = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
+    assert teacher_features(model, seqs, (-1,), batch_size=1, deadline=0.0) == [None] * 3
+    clock = iter([0.0, 0.0, 10.0, 10.0])  # a deadline of 5: the first two batches start in time
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))
+    feats = teacher_features(model, seqs, (-1,), batch_size=1, deadline=5.0)
+    assert feats[0] is None and feats[1].shape[0] == 2 and feats[2].shape[0] == 3
