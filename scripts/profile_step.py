@@ -26,7 +26,7 @@ from specserve.engine.sampling import SamplingParams
 
 PARTS = {  # label -> (file suffix, function name) whose cumulative time is reported
     "verify_forward": ("engine/forward.py", "verify_forward"),
-    "model forward": ("torch/nn/modules/module.py", "_call_impl"),
+    "model forward": ("torch/nn/modules/module.py", "_wrapped_call_impl"),
     "build_inputs": ("engine/forward.py", "build_inputs"),
     "propose": ("engine/decode.py", "propose"),
     "accept": ("engine/decode.py", "accept"),
@@ -38,11 +38,11 @@ PARTS = {  # label -> (file suffix, function name) whose cumulative time is repo
 
 def cumulative(stats: pstats.Stats, suffix: str, name: str) -> float:
     """Seconds spent in (and under) the first top-level call of `name` in a file ending `suffix`
-    (for `_call_impl` only the outermost, i.e. the model's own, calls count)."""
+    (for `_wrapped_call_impl` only calls made from verify_forward, i.e. the model's own)."""
     total = 0.0
     for (file, _line, func), (_cc, _nc, _tt, ct, callers) in stats.stats.items():
         if func == name and file.endswith(suffix):
-            if name == "_call_impl":  # only calls made from verify_forward: the top-level model
+            if name == "_wrapped_call_impl":  # only the top-level model, called by verify_forward
                 ct = sum(v[3] for (f, _, fn), v in callers.items() if fn == "verify_forward")
             total += ct
     return total
