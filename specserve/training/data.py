@@ -83,7 +83,7 @@ def generate_answers(
     )
     pad = min(eos_ids) if eos_ids else 0
     for start in range(0, len(todo), batch_size):
-        if deadline is not None and time.monotonic() > deadline:
+        if start and deadline is not None and time.monotonic() > deadline:
             break
         t0 = time.perf_counter()
         idx = todo[start : start + batch_size]
@@ -115,12 +115,12 @@ def teacher_features(
 ) -> list[torch.Tensor | None]:
     """Per sequence, features [T, len(layers), H] (float32, CPU) of a causal forward over it
     (right-padded batches; padding never reaches a real row under the causal mask). Batches go
-    shortest first; past `deadline` (time.monotonic()) no new batch starts and the sequences not
-    reached get None."""
+    shortest first; past `deadline` (time.monotonic()) no batch after the first starts and the
+    sequences not reached get None."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     by_index: dict[int, torch.Tensor] = {}
     for start in range(0, len(order), batch_size):
-        if deadline is not None and time.monotonic() > deadline:
+        if start and deadline is not None and time.monotonic() > deadline:
             break
         idx = order[start : start + batch_size]
         width = max(len(sequences[i]) for i in idx)
