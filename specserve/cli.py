@@ -40,14 +40,14 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default="auto",
-        help="auto (the fastest measured on this device, cached) / float32 (exact) / bfloat16",
+        help="auto (cheapest request measured on this device, cached) / float32 (exact) / bfloat16",
     )
     p.add_argument("--cache-dir", type=Path, default=None, help="default $SPECSERVE_CACHE")
     p.add_argument(
         "--logits",
         default="model",
         choices=["model", "float32"],
-        help="float32: the LM head in float32 over a bf16 model's hidden states (fewer ties)",
+        help="float32: the LM head in float32 over a bf16 model's hidden states",
     )
 
 
