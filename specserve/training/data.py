@@ -83,7 +83,7 @@ def generate_answers(
     )
     pad = min(eos_ids) if eos_ids else 0
     for start in range(0, len(todo), batch_size):
-        if start and deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and time.monotonic() > deadline:
             break
         t0 = time.perf_counter()
         idx = todo[start : start + batch_size]
