@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from specserve.engine.cost import sync_device
 from specserve.engine.decode import Engine
 from specserve.engine.lora import adapter_kwargs, is_peft_model
 from specserve.engine.prompts import encode_prompt
@@ -36,8 +37,11 @@ class MethodTotals:
     by_task: dict[str, list[float]] = field(default_factory=dict)  # task -> [tokens, s, forwards]
     widths: list[int] = field(default_factory=list)  # tokens scored by each decode step (ours)
 
-    def add(self, prompt: BenchPrompt, output: list[int], seconds: float, forwards: int) -> None:
+    def add(
+        self, prompt: BenchPrompt, output: list[int], seconds: float, forwards: int, widths=()
+    ) -> None:
         self.outputs[prompt.question_id] = output
+        self.widths += widths
         row = self.by_task.setdefault(prompt.task, [0, 0.0, 0])
         row[0] += len(output)
         row[1] += seconds
@@ -99,17 +103,12 @@ def run_hf(
     return out[0, len(ids) :].tolist(), counter.count
 
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
 def run_method(
     engine: Engine, name: str, config: dict | None, ids, max_new_tokens, adapter=None, fp32=None
 ):
     """One greedy decode (with LoRA `adapter` if given); returns (output ids, seconds, forwards,
     verify widths). `fp32`: the float32 copy of the model `hf_ar_fp32` runs on."""
-    _sync(engine.model.device)
+    sync_device(engine.model.device)
     start = time.perf_counter()
     widths: list[int] = []
     if name in BASELINES:
@@ -123,7 +122,7 @@ def run_method(
         params = SamplingParams(max_new_tokens=max_new_tokens)
         result = engine.generate(ids, params, name, config, adapter=adapter)
         output, forwards, widths = result.output_ids, result.forwards, result.widths
-    _sync(engine.model.device)
+    sync_device(engine.model.device)
     return output, time.perf_counter() - start, forwards, widths
 
 
@@ -147,8 +146,7 @@ def run_bench(
             output, seconds, forwards, widths = run_method(
                 engine, name, config, prompt.ids, max_new_tokens, adapter, fp32
             )
-            totals[name].add(prompt, output, seconds, forwards)
-            totals[name].widths += widths
+            totals[name].add(prompt, output, seconds, forwards, widths)
             line.append(f"{name} {len(output) / seconds:.1f} tok/s τ {len(output) / forwards:.2f}")
         log(f"[{i}/{len(prompts)}] {prompt.task}#{prompt.question_id}: " + " | ".join(line))
     return totals

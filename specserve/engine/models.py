@@ -447,7 +447,7 @@ def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
         return dtype
     key = str(dtype).strip().lower().removeprefix("torch.")
     if key not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; valid names: {', '.join(_DTYPES)}")
+        raise ValueError(f"unknown dtype {dtype!r}; valid names: auto, {', '.join(_DTYPES)}")
     return _DTYPES[key]
 
 
@@ -541,7 +541,8 @@ def load_model(
 ) -> LoadedModel:
     """Load a catalog model (pulling it if needed), an HF model dir, or a .gguf file.
 
-    dtype "auto": the dtype measured fastest for this model and device (`dtype_choice`, cached);
+    dtype "auto": the dtype with the cheapest measured request on this device (`dtype_choice`,
+    cached);
     None: float32 on CPU (the exact mode), bfloat16 on CUDA.
     """
     if str(dtype).strip().lower() == "auto":
@@ -577,7 +578,7 @@ def load_model(
 
 
 def _load_auto(name_or_path: str, device: str | None, cache_dir: Path | None) -> LoadedModel:
-    """Load in float32, then cast to the cached (or now measured) fastest dtype."""
+    """Load in float32, then cast to the cached (or now measured) cheapest dtype."""
     from specserve.engine import dtype_choice
 
     loaded = load_model(name_or_path, device=device, dtype="float32", cache_dir=cache_dir)

@@ -61,7 +61,8 @@ class PlatformSettings(BaseModel):
     )
     device: str | None = None
     dtype: str = Field(
-        "auto", description="auto (the fastest measured here, cached), float32 (exact), bfloat16"
+        "auto",
+        description="auto (cheapest request measured here, cached), float32 (exact), bfloat16",
     )
     batch: BatchSettings = Field(BatchSettings(), description="each replica's engine loop limits")
     torch_threads: int | None = Field(

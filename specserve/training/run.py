@@ -151,7 +151,9 @@ def train_drafter(
         raise ValueError("train-drafter: no time left for teacher features; raise the budget")
     if len(kept) < len(seqs):  # a slow forward (e.g. bf16 without native bf16): fewer rows
         log(f"teacher features: {len(kept)} of {len(seqs)} sequences within the budget")
-        seqs, plens, feats = ([x[i] for i in kept] for x in (seqs, plens, feats))
+        train_idx, seqs, plens, feats = (
+            [x[i] for i in kept] for x in (train_idx, seqs, plens, feats)
+        )
     module = build_module(model, spec).to(model.device)
     rows_w = head_rows(model, draft_vocab.to(model.device)).float()
     module.float()
