@@ -49,6 +49,19 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         choices=["model", "float32"],
         help="float32: the LM head in float32 over a bf16 model's hidden states",
     )
+    p.add_argument(
+        "--compile",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="torch.compile the single-request verify forward (auto: when a cached measurement "
+        "here shows it >= 1.05x cheaper, and bit-exact in float32; `tune --compile on` measures)",
+    )
+    p.add_argument(
+        "--compile-mode",
+        default="default",
+        choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+        help="torch.compile mode when compiling (reduce-overhead: CUDA-graph replay on a GPU)",
+    )
 
 
 def _load(args):
@@ -63,6 +76,39 @@ def _load(args):
         if use_float32_head(loaded.model):
             _log("logits: the LM head runs in float32")
     return loaded
+
+
+def _compile(args, loaded, features: bool = False):
+    """Compile the target's verify forward when `--compile` decides so (warming it now, with the
+    measurement cached for `auto`); returns the bench/tune record of what was decided."""
+    from specserve.engine import compile_choice, compiled
+    from specserve.engine.lora import is_peft_model
+
+    mode = getattr(args, "compile", "off")
+    cache_dir = _cache_dir(args)
+    record = compile_choice.cached_record(cache_dir, loaded.model_id, loaded.device, loaded.dtype)
+    decision = compile_choice.decide(mode, record, loaded.dtype)
+    if decision.enabled and is_peft_model(loaded.model) and mode == "auto":
+        decision = compile_choice.CompileDecision(
+            enabled=False, reason="auto: a model with a LoRA adapter stays eager"
+        )
+    _log(f"compile {'on' if decision.enabled else 'off'} ({decision.reason})")
+    if not decision.enabled:
+        return {"enabled": False, "reason": decision.reason}
+    settings = compiled.CompileSettings(
+        mode=mode, features=features, inductor_mode=getattr(args, "compile_mode", "default")
+    )
+    target = compiled.attach(loaded.model, settings)
+    last = f" (last time {record.start_s:.0f} s)" if record is not None else ""
+    _log(f"compiling the verify forward{last}; this can take minutes on a CPU ...")
+    record = target.warm(loaded.model_id)
+    compile_choice.save_record(cache_dir, record)
+    _log(
+        f"compiled in {record.start_s:.0f} s; ms per forward eager -> compiled: "
+        + ", ".join(f"{k}: {record.eager_ms[k]:.1f} -> {v:.1f}" for k, v in record.compiled_ms.items())
+        + f"; max |logit diff| vs eager {record.max_abs_diff:.3g}"
+    )
+    return {"enabled": True, "reason": decision.reason, "record": record.model_dump()}
 
 
 def _cache_dir(args) -> Path:
@@ -89,10 +135,11 @@ def _log(msg: str) -> None:
 
 def _cached_tuning(args, loaded, strategy: str):
     """(cost curve, tuned config), each None when absent, from an earlier `tune`/`bench`."""
+    from specserve.engine.compiled import forward_key
     from specserve.engine.tuning import cached_choices
 
     curve, configs = cached_choices(
-        _cache_dir(args), loaded.model_id, loaded.device, loaded.dtype, [strategy]
+        _cache_dir(args), loaded.model_id, loaded.device, forward_key(loaded.model), [strategy]
     )
     return curve, configs.get(strategy)
 
@@ -118,6 +165,7 @@ def cmd_generate(args) -> int:
         raise ValueError(f"generate: strategy {args.strategy!r} needs --drafter-dir")
     loaded, adapter_sha, adapter = _load_target(args)
     drafters = load_drafters(args.drafter_dir, loaded, adapter_sha, kinds) if kinds else {}
+    _compile(args, loaded, features=bool(kinds))
     curve, tuned_config = _cached_tuning(args, loaded, args.strategy)
     if kinds and not config and curve is not None:
         tuned_config = _drafter_config(drafters[args.strategy], curve)
@@ -251,9 +299,11 @@ def cmd_train_drafter(args) -> int:
 
 def cmd_tune(args) -> int:
     loaded, _, _ = _load_target(args)
+    compile_record = _compile(args, loaded)
     _, _, choices, curve = _tuned_methods(args, loaded, args.strategies.split(","), _log)
     choice = loaded.dtype_choice.model_dump() if loaded.dtype_choice is not None else None
-    out = {"dtype": str(loaded.dtype), "dtype_choice": choice, "cost_curve_ms": curve.ms}
+    out = {"dtype": str(loaded.dtype), "dtype_choice": choice, "compile": compile_record}
+    out["cost_curve_ms"] = curve.ms
     print(json.dumps(out | {"choices": choices}, indent=1))
     return 0
 
@@ -274,6 +324,7 @@ def cmd_bench(args) -> int:
         raise ValueError(f"bench: {', '.join(drafter_kinds)} need --drafter-dir")
     loaded, adapter_sha, adapter = _load_target(args)
     drafters = load_drafters(args.drafter_dir, loaded, adapter_sha, drafter_kinds)
+    compile_record = _compile(args, loaded, features=bool(drafter_kinds))
     engine, methods, choices, curve = _tuned_methods(
         args, loaded, [n for n in names if n not in drafter_kinds], _log
     )
@@ -298,6 +349,7 @@ def cmd_bench(args) -> int:
         if loaded.dtype_choice is not None
         else {"chosen": str(loaded.dtype), "reason": f"--dtype {args.dtype}"}
     )
+    report["compile"] = compile_record
     if "ar" in totals:
         _log("checking every divergence from ar (plain forwards over the common prefix) ...")
         report["tie_tolerance"] = tolerance = _tie_tolerance(
@@ -338,6 +390,7 @@ def _fp32_copy(args, loaded):
     _log("loading a float32 copy for hf_ar_fp32 ...")
     fp32_args = copy.copy(args)
     fp32_args.dtype = "float32"
+    fp32_args.compile = "off"  # the baseline is plain generate()
     return _load_target(fp32_args)[0].model
 
 

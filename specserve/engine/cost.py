@@ -15,6 +15,7 @@ import torch
 from pydantic import BaseModel
 
 from specserve.engine import hf_internals
+from specserve.engine.compiled import forward_key, sync_device
 from specserve.engine.forward import verify_forward
 from specserve.engine.tree import Draft, DraftTree
 
@@ -50,11 +51,6 @@ class CostCurve(BaseModel):
         return self.ms[self.padded_width(k)] / base
 
 
-def sync_device(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure_cost_curve(
     model, model_id: str, sizes=DEFAULT_SIZES, context: int = 200, repeats: int = 7
 ) -> CostCurve:
@@ -79,7 +75,7 @@ def measure_cost_curve(
             hf_internals.keep_rows(cache, context - 1, [])
     ms = {k: round(statistics.median(t[1:]) * 1000, 3) for k, t in times.items()}
     return CostCurve(
-        model_id=model_id, device=str(model.device), dtype=str(model.dtype), context=context, ms=ms
+        model_id=model_id, device=str(model.device), dtype=forward_key(model), context=context, ms=ms
     )
 
 
@@ -94,7 +90,7 @@ def cost_curve_path(cache_dir: Path, model_id: str, device, dtype) -> Path:
 
 def load_or_measure(model, model_id: str, cache_dir: Path, remeasure: bool = False) -> CostCurve:
     """The cached curve for this model and device, measuring (and caching) it if absent."""
-    path = cost_curve_path(cache_dir, model_id, model.device, model.dtype)
+    path = cost_curve_path(cache_dir, model_id, model.device, forward_key(model))
     if path.exists() and not remeasure:
         return CostCurve.model_validate(json.loads(path.read_text()))
     curve = measure_cost_curve(model, model_id)

@@ -2,6 +2,7 @@
 
 Public Hugging Face API only: the cache argument, `position_ids`, a 4D additive attention mask and
 `logits_to_keep`, so logits are computed just for the rows the verifier and proposer read.
+The call goes to the model's compiled forward when one is attached and warm (`engine.compiled`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specserve.engine import hf_internals
+from specserve.engine import compiled, hf_internals
 from specserve.engine.lora_batch import lora_rows
 from specserve.engine.tree import Draft
 
@@ -100,8 +101,9 @@ def verify_forward(
         mask = torch.zeros(inputs.allowed.shape, dtype=model.dtype, device=device)
         mask.masked_fill_(~inputs.allowed.to(device), torch.finfo(model.dtype).min)
         mask = mask[None, None]  # [1, 1, q, past + q]
+    forward = compiled.runner(model, inputs.input_ids.shape[1], past)  # the model or its compiled one
     with lora_rows(model, [adapter]):
-        out = model(
+        out = forward(
             input_ids=inputs.input_ids.to(device),
             position_ids=inputs.position_ids.to(device),
             attention_mask=mask,

@@ -60,6 +60,19 @@ def keep_rows(cache: DynamicCache, start: int, rows: list[int]) -> None:
         cache.crop(-drop)
 
 
+@torch.inference_mode()
+def make_contiguous(cache: DynamicCache) -> None:
+    """Copy each layer's entries that a crop left as a strided view into their own storage, so
+    a compiled forward (whose guards pin the strides) sees one layout. Example: after
+    `keep_rows` dropped 3 of 10 positions, keys [b, h, 7, d] with stride h * 10 * d -> h * 7 * d.
+    """
+    for layer in cache.layers:
+        if layer.keys is not None and not layer.keys.is_contiguous():
+            layer.keys = layer.keys.contiguous()
+        if layer.values is not None and not layer.values.is_contiguous():
+            layer.values = layer.values.contiguous()
+
+
 class GrowingLayer(DynamicLayer):
     """A DynamicLayer whose `update` writes into spare capacity instead of concatenating, so a
     step over a long batch cache does not copy all of it. `keys` / `values` are views of the

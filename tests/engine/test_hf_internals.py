@@ -109,6 +109,18 @@ def test_keep_rows_contiguous_equals_recompute(model, keep):
     _assert_same_cache(cache, _filled(model, tokens[: 6 + keep]))
 
 
+def test_make_contiguous_gives_a_cropped_cache_its_own_storage(model):
+    """A crop leaves strided views (which a compiled forward's guards see as another layout)."""
+    tokens = [5, 9, 2, 77, 3, 3, 40, 8, 1, 60]
+    cache = _filled(model, tokens)
+    hf_internals.keep_rows(cache, 6, [0])
+    assert not cache.layers[0].keys.is_contiguous()  # the crop's view: what this helper is for
+    hf_internals.make_contiguous(cache)
+    for layer in cache.layers:
+        assert layer.keys.is_contiguous() and layer.values.is_contiguous()
+    _assert_same_cache(cache, _filled(model, tokens[:7]))
+
+
 PREFIX = [7, 3, 19, 4, 50, 11, 3, 19]
 
 

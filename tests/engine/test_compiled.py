@@ -1,0 +1,104 @@
+"""The compiled verify forward: routing before and after warm-up, refusal with adapters, and
+decoding through it against `generate()` (bit-exact in float32, or measured not to be)."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import peft
+import pytest
+import torch
+
+from specserve.engine import compiled
+from specserve.engine.cost import measure_cost_curve
+from specserve.engine.decode import Engine
+from specserve.engine.sampling import SamplingParams
+from specserve.engine.ties import check_outputs
+
+
+def test_unattached_model_is_its_own_runner(model):
+    assert compiled.runner(model, 1, 10) is model
+    assert compiled.forward_key(model) == "torch.float32"
+
+
+def test_runner_is_eager_until_warm_and_for_wide_calls(tiny_llama):
+    model = copy.deepcopy(tiny_llama(3))
+    target = compiled.attach(model, compiled.CompileSettings(mode="on", max_width=8))
+    assert compiled.runner(model, 1, 10) is model  # not warm yet: eager
+    assert compiled.forward_key(model) == "torch.float32"
+    target.ready.set()  # as `warm` leaves it
+    assert compiled.runner(model, 1, 10) is target
+    assert compiled.runner(model, 8, 10) is target
+    assert compiled.runner(model, 9, 10) is model  # prefill-sized calls stay eager
+    assert compiled.runner(model, 4, 0) is model  # so does a prefill into an empty cache
+    assert compiled.forward_key(model) == "torch.float32+compiled"
+
+
+def test_a_model_with_lora_adapters_is_refused(tiny_llama):
+    config = peft.LoraConfig(r=2, target_modules=["q_proj"])
+    wrapped = peft.get_peft_model(copy.deepcopy(tiny_llama(0)), config)
+    with pytest.raises(compiled.CompileUnsupported, match="LoRA"):
+        compiled.attach(wrapped, compiled.CompileSettings(mode="on"))
+
+
+def test_settings_reject_unknown_keys_and_modes():
+    with pytest.raises(ValueError):
+        compiled.CompileSettings(mode="sometimes")
+    with pytest.raises(ValueError):
+        compiled.CompileSettings(mode="on", widths=3)
+
+
+@pytest.fixture(scope="module")
+def warm_model(tiny_llama):
+    """A tiny model with its compiled forward warmed in the background thread."""
+    model = copy.deepcopy(tiny_llama(5))
+    target = compiled.attach(model, compiled.CompileSettings(mode="on"))
+    done = []
+    thread = target.start_background("tiny", on_done=lambda rec, err: done.append((rec, err)))
+    thread.join(timeout=600)
+    assert done and done[0][1] is None, done
+    torch.compiler.set_stance("fail_on_recompile")  # a step outside the warmed graphs fails
+    yield model, done[0][0]
+    torch.compiler.set_stance("default")
+
+
+def _prompt(n: int, vocab: int) -> list[int]:
+    rng = random.Random(n)
+    motif = [rng.randrange(vocab) for _ in range(6)]
+    return (motif * (n // 6 + 1))[:n]
+
+
+def test_warm_up_measures_both_forwards(warm_model):
+    model, record = warm_model
+    assert set(record.eager_ms) == set(record.compiled_ms) == {1, 2, 4, 8}
+    assert record.start_s > 0 and record.dtype == "torch.float32"
+    assert record.max_abs_diff < 1e-4  # float32: equal, or within float32 reassociation
+    assert compiled.forward_key(model) == "torch.float32+compiled"
+    assert measure_cost_curve(model, "tiny", sizes=(1, 2), repeats=1).dtype.endswith("+compiled")
+
+
+@pytest.mark.parametrize("strategy", ["ar", "prompt_lookup", "lookahead"])
+def test_decoding_through_the_compiled_forward_matches_generate(warm_model, tokenizer, strategy):
+    """Every decode step runs in the two warmed graphs (no recompile: the stance would raise);
+    the output is greedy generate()'s token for token where the compiled forward is bit-exact,
+    else it differs only where the measured compiled-vs-eager noise can flip a tie."""
+    model, record = warm_model
+    engine = Engine(model, tokenizer, frozenset())
+    for n in (5, 40):
+        prompt = _prompt(n, model.config.vocab_size)
+        got = engine.generate(prompt, SamplingParams(max_new_tokens=24), strategy)
+        with torch.inference_mode():
+            ref = model.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, n, dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=24,
+                min_new_tokens=24,
+            )[0, n:].tolist()
+        if record.bit_exact:
+            assert got.output_ids == ref
+        else:  # a difference only where the measured compiled-vs-eager noise can flip a tie
+            gap_noise = 2 * record.max_abs_diff
+            check = check_outputs(model, {0: prompt}, {0: ref}, {0: got.output_ids}, gap_noise)
+            assert check.all_ties, check
