@@ -105,7 +105,9 @@ def _compile(args, loaded, features: bool = False):
     compile_choice.save_record(cache_dir, record)
     _log(
         f"compiled in {record.start_s:.0f} s; ms per forward eager -> compiled: "
-        + ", ".join(f"{k}: {record.eager_ms[k]:.1f} -> {v:.1f}" for k, v in record.compiled_ms.items())
+        + ", ".join(
+            f"{k}: {record.eager_ms[k]:.1f} -> {v:.1f}" for k, v in record.compiled_ms.items()
+        )
         + f"; max |logit diff| vs eager {record.max_abs_diff:.3g}"
     )
     return {"enabled": True, "reason": decision.reason, "record": record.model_dump()}

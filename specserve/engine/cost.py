@@ -11,7 +11,6 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
 from pydantic import BaseModel
 
 from specserve.engine import hf_internals
@@ -75,7 +74,11 @@ def measure_cost_curve(
             hf_internals.keep_rows(cache, context - 1, [])
     ms = {k: round(statistics.median(t[1:]) * 1000, 3) for k, t in times.items()}
     return CostCurve(
-        model_id=model_id, device=str(model.device), dtype=forward_key(model), context=context, ms=ms
+        model_id=model_id,
+        device=str(model.device),
+        dtype=forward_key(model),
+        context=context,
+        ms=ms,
     )
 
 

@@ -101,7 +101,9 @@ def verify_forward(
         mask = torch.zeros(inputs.allowed.shape, dtype=model.dtype, device=device)
         mask.masked_fill_(~inputs.allowed.to(device), torch.finfo(model.dtype).min)
         mask = mask[None, None]  # [1, 1, q, past + q]
-    forward = compiled.runner(model, inputs.input_ids.shape[1], past)  # the model or its compiled one
+    forward = compiled.runner(
+        model, inputs.input_ids.shape[1], past
+    )  # the model or its compiled one
     with lora_rows(model, [adapter]):
         out = forward(
             input_ids=inputs.input_ids.to(device),
