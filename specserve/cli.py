@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -95,6 +96,8 @@ def _compile(args, loaded, features: bool = False):
     _log(f"compile {'on' if decision.enabled else 'off'} ({decision.reason})")
     if not decision.enabled:
         return {"enabled": False, "reason": decision.reason}
+    # compiled graphs persist beside the other caches, so only the first start pays inductor
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
     settings = compiled.CompileSettings(
         mode=mode, features=features, inductor_mode=getattr(args, "compile_mode", "default")
     )
@@ -108,7 +111,8 @@ def _compile(args, loaded, features: bool = False):
         + ", ".join(
             f"{k}: {record.eager_ms[k]:.1f} -> {v:.1f}" for k, v in record.compiled_ms.items()
         )
-        + f"; max |logit diff| vs eager {record.max_abs_diff:.3g}"
+        + f"; max |logit diff| vs eager {record.max_abs_diff:.3g}; {record.graphs} graphs, "
+        f"on-disk caches {record.cache_hits}"
     )
     return {"enabled": True, "reason": decision.reason, "record": record.model_dump()}
 

@@ -52,6 +52,8 @@ class CompileRecord(BaseModel):
     compiled_ms: dict[int, float]
     start_s: float  # background warm-up: tracing + compiling + loading every shape
     max_abs_diff: float  # largest |compiled - eager| logit over the measured forwards
+    graphs: int = 0  # graphs dynamo captured in the warm-up
+    cache_hits: dict[str, int] = {}  # on-disk caches that served (or missed) this start
 
     @property
     def gain(self) -> float:
@@ -135,12 +137,16 @@ class CompiledForward:
     def warm(self, model_id: str, widths: tuple[int, ...] = (1, 2, 4, 8)) -> CompileRecord:
         """Compile every shape (1 row; 5 rows keeping 3 logits, so no size coincidences get
         specialized), then time eager vs compiled at `widths` over a CONTEXT-token cache."""
+        before = _cache_counters()
         start = time.perf_counter()
         cache, prefix = _scratch_cache(self.model)
         hidden = (False, True) if self.settings.features else (False,)
-        for features in hidden:
-            for q, keep in ((1, 1), (5, 3)):
-                _call(self, self.model, cache, prefix, q, keep, features)
+        # floats (norm eps, attention scale) as constants: tracing them as tensors made dynamo
+        # restart its analysis, tracing each graph twice (measured); the graphs hold after
+        with torch._dynamo.config.patch(specialize_float=True):
+            for features in hidden:
+                for q, keep in ((1, 1), (5, 3)):
+                    _call(self, self.model, cache, prefix, q, keep, features)
         start_s = time.perf_counter() - start
         eager, compiled, diff = _compare(self.model, self, cache, prefix, widths)
         self.record = CompileRecord(
@@ -153,6 +159,8 @@ class CompiledForward:
             compiled_ms=compiled,
             start_s=round(start_s, 1),
             max_abs_diff=diff,
+            graphs=_cache_counters()["graphs"] - before["graphs"],
+            cache_hits={k: v - before[k] for k, v in _cache_counters().items() if k != "graphs"},
         )
         torch.compiler.set_stance("eager_on_recompile")  # no minutes-long compile in the loop
         self.ready.set()
@@ -173,6 +181,19 @@ class CompiledForward:
         thread = threading.Thread(target=run, name="specserve-compile", daemon=True)
         thread.start()
         return thread
+
+
+def _cache_counters() -> dict[str, int]:
+    """Dynamo's process-wide counts of captured graphs and of on-disk cache hits and misses."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "graphs": counters["stats"]["unique_graphs"],
+        "fx_graph_hit": counters["inductor"]["fxgraph_cache_hit"],
+        "fx_graph_miss": counters["inductor"]["fxgraph_cache_miss"],
+        "aot_autograd_hit": counters["aot_autograd"]["autograd_cache_hit"],
+        "aot_autograd_miss": counters["aot_autograd"]["autograd_cache_miss"],
+    }
 
 
 def _scratch_cache(model):
