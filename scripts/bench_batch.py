@@ -18,11 +18,13 @@ from pathlib import Path
 from specserve.adapters.resident import ResidentAdapters, base_model_names
 from specserve.adapters.settings import AdapterLimits
 from specserve.engine.decode import Engine
+from specserve.engine.dtype_choice import Workload
 from specserve.engine.models import default_cache_dir, load_model
 from specserve.engine.prompts import encode_messages
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.scheduler import BatchSettings, Scheduler
 from specserve.loadtest import interleave_tasks
+from specserve.platform.settings import PlatformSettings
 
 
 def main() -> None:
@@ -38,9 +40,15 @@ def main() -> None:
     ap.add_argument("--prefill-chunk", type=int, default=BatchSettings().prefill_chunk)
     ap.add_argument("--first", type=int, default=0, help="start at this prompt of the sequence")
     ap.add_argument("--dtype", default="auto", help="auto (measured, cached) / float32 / bfloat16")
+    ap.add_argument(
+        "--dtype-rows",
+        type=int,
+        default=PlatformSettings().dtype_rows,
+        help="decode rows auto prices at (default: the model server's)",
+    )
     args = ap.parse_args()
 
-    loaded = load_model(args.model, dtype=args.dtype)
+    loaded = load_model(args.model, dtype=args.dtype, workload=Workload(rows=args.dtype_rows))
     print(f"dtype {loaded.dtype}", loaded.dtype_choice.reason if loaded.dtype_choice else "")
     limits = AdapterLimits(root=args.adapter.parent, max_resident=max(args.variants, 1))
     adapters = ResidentAdapters(loaded.model, base_model_names(args.model), limits)

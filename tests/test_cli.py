@@ -117,7 +117,8 @@ def test_bench_report_contract(tmp_path, model_dir):
     assert code == 0
     report = json.loads(out.read_text())
     assert {"model", "device", "prompts", "max_new_tokens", "results"} <= set(report)
-    assert {"dtype", "dtype_choice", "tie_tolerance", "cost_curve_ms"} <= set(report)
+    assert {"dtype", "dtype_choice", "compile", "tie_tolerance", "cost_curve_ms"} <= set(report)
+    assert report["compile"]["enabled"] is False  # auto, nothing measured in this cache
     assert report["dtype"] == "torch.float32"
     assert report["prompts"] == 2 and report["max_new_tokens"] == 6
     assert set(report["results"]) == {
@@ -137,6 +138,27 @@ def test_bench_report_contract(tmp_path, model_dir):
     assert report["results"]["hf_ar"]["speedup_vs_hf_ar"] == 1.0
     assert report["results"]["ar"]["efficiency"] == 1.0
     assert report["tie_tolerance"]["tolerance"] < 1e-4  # fp32: rounding noise only
+
+
+def test_compile_on_measures_and_auto_follows_the_measurement(capsys, tmp_path, model_dir):
+    """`tune --compile on` compiles, measures and caches; `auto` then decides from that record
+    (in float32 only a bit-exact compiled forward may serve)."""
+    argv = ["tune", "--model", str(model_dir), "--cache-dir", str(tmp_path), "--no-tune"]
+    argv += ["--strategies", "ar"]
+    assert main(argv + ["--compile", "on"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["compile"]["enabled"] is True
+    record = out["compile"]["record"]
+    assert record["graphs"] == 2 and record["compiled_ms"]["1"] > 0 and record["start_s"] > 0
+    assert len(list((tmp_path / "costs").glob("compile-*.json"))) == 1
+    assert main(argv) == 0  # --compile auto
+    captured = capsys.readouterr()
+    decision = json.loads(captured.out)["compile"]
+    exact = record["max_abs_diff"] == 0.0
+    gain = record["eager_ms"]["1"] / record["compiled_ms"]["1"]
+    assert decision["enabled"] is (exact and gain >= 1.05)
+    assert "auto: measured compiled" in decision["reason"]
+    assert f"compile {'on' if decision['enabled'] else 'off'} (auto: measured" in captured.err
 
 
 def test_bench_in_bf16_reports_divergences_as_ties(tmp_path, model_dir):

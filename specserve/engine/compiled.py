@@ -1,6 +1,6 @@
 """A compiled target forward (`torch.compile`, inductor, dynamic shapes) for single-request verify
-calls up to `max_width` query rows; prefill and the batched ragged forward stay eager. It compiles
-in the background over a scratch cache, and calls run eager until every warmed shape is ready.
+calls up to `max_width` query rows; prefill and the batched ragged forward stay eager. `warm`
+compiles it over a scratch cache and measures it; calls run eager until then.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class CompileRecord(BaseModel):
     torch: str
     eager_ms: dict[int, float]  # k query rows -> median ms
     compiled_ms: dict[int, float]
-    start_s: float  # background warm-up: tracing + compiling + loading every shape
+    start_s: float  # warm-up: tracing + compiling (or loading from disk) every shape
     max_abs_diff: float  # largest |compiled - eager| logit over the measured forwards
     graphs: int = 0  # graphs dynamo captured in the warm-up
     cache_hits: dict[str, int] = {}  # on-disk caches that served (or missed) this start
@@ -116,9 +116,8 @@ class CompiledForward:
         self._compiled = torch.compile(
             model.forward, dynamic=True, mode=settings.inductor_mode, fullgraph=False
         )
-        self.ready = threading.Event()
+        self.ready = threading.Event()  # set by `warm`, read by the decode loop
         self.record: CompileRecord | None = None
-        self.error: BaseException | None = None
 
     def runner(self, q: int, past: int):
         """What to call for a forward of q query rows: the compiled forward, or the model for
@@ -143,7 +142,10 @@ class CompiledForward:
         hidden = (False, True) if self.settings.features else (False,)
         # floats (norm eps, attention scale) as constants: tracing them as tensors made dynamo
         # restart its analysis, tracing each graph twice (measured); the graphs hold after
-        with torch._dynamo.config.patch(specialize_float=True):
+        with (
+            torch._dynamo.config.patch(specialize_float=True),
+            torch.compiler.set_stance("default"),
+        ):
             for features in hidden:
                 for q, keep in ((1, 1), (5, 3)):
                     _call(self, self.model, cache, prefix, q, keep, features)
@@ -165,22 +167,6 @@ class CompiledForward:
         torch.compiler.set_stance("eager_on_recompile")  # no minutes-long compile in the loop
         self.ready.set()
         return self.record
-
-    def start_background(self, model_id: str, on_done=None) -> threading.Thread:
-        """Warm in a daemon thread; `on_done(record or None, error or None)` when finished."""
-
-        def run() -> None:
-            try:
-                record = self.warm(model_id)
-            except Exception as exc:  # noqa: BLE001 - any compile failure: stay eager, say why
-                self.error = exc
-                record = None
-            if on_done is not None:
-                on_done(record, self.error)
-
-        thread = threading.Thread(target=run, name="specserve-compile", daemon=True)
-        thread.start()
-        return thread
 
 
 def _cache_counters() -> dict[str, int]:

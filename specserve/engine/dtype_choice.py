@@ -1,6 +1,7 @@
-"""`--dtype auto`: the dtype in which a typical request (prefill + decode) is cheapest on this
-device, measured once per (model, device, threads) and cached beside the cost curves; never a
-CPU-flag guess (bf16 is natively fast on some CPUs, slow on AVX2-only ones, pytorch#146508).
+"""`--dtype auto`: the dtype in which a typical request (prefill + decode, alone or sharing its
+decode steps with a batch) is cheapest on this device, measured once per (model, device, threads)
+and cached beside the cost curves; never a CPU-flag guess (bf16 is natively fast on some CPUs,
+slow on AVX2-only ones, pytorch#146508).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from specserve.engine import hf_internals
 from specserve.engine.cost import cache_stem, measure_cost_curve, sync_device
@@ -21,7 +22,8 @@ from specserve.engine.tree import Draft
 
 # fp32 is the exact mode: another dtype must beat it by this factor to be chosen (noise margin)
 MIN_GAIN = 1.05
-FORMAT = 2
+FORMAT = 3
+MEASURED_ROWS = (1, 4, 16)  # query rows of the timed verify forwards
 
 
 class Workload(BaseModel):
@@ -30,12 +32,18 @@ class Workload(BaseModel):
 
     prompt_tokens: int = 300
     new_tokens: int = 128
+    rows: int = Field(
+        1,
+        ge=1,
+        description="requests decoding together in one forward: 1 for a command, a replica's "
+        "typical batch for the model server (a row's share of the step is what it pays)",
+    )
 
 
 class DtypeCost(BaseModel):
     ms: dict[int, float]  # {k: ms of a k-token verify forward over a 200-token context}
     prefill_ms_per_token: float  # one forward over 128 prompt tokens, per token
-    request_ms: float  # workload.prompt_tokens * prefill + workload.new_tokens * ms[1]
+    request_ms: float  # `request_ms` of the choice's workload
 
 
 class DtypeChoice(BaseModel):
@@ -58,12 +66,48 @@ def candidates(device: torch.device) -> list[torch.dtype]:
     return [torch.float32, torch.bfloat16]
 
 
-def request_ms(ms_at_1: float, prefill_ms_per_token: float, workload: Workload) -> float:
-    """Example: 60 ms a decode step, 2.4 ms a prompt token, 300 + 128 tokens -> 8400.0 ms."""
-    return workload.prompt_tokens * prefill_ms_per_token + workload.new_tokens * ms_at_1
+def step_ms(ms: dict[int, float], rows: int) -> float:
+    """Cost of one forward of `rows` query rows: linear between measured sizes, scaled linearly
+    past the largest. Example: ms {1: 50, 4: 100, 16: 300}, rows 10 -> 200.0; rows 32 -> 600.0."""
+    sizes = sorted(ms)
+    if rows in ms:
+        return ms[rows]
+    if rows > sizes[-1]:
+        return ms[sizes[-1]] * rows / sizes[-1]
+    hi = next(s for s in sizes if s > rows)
+    lo = max(s for s in sizes if s < rows)
+    return ms[lo] + (ms[hi] - ms[lo]) * (rows - lo) / (hi - lo)
 
 
-def pick(costs: dict[str, DtypeCost], min_gain: float = MIN_GAIN) -> tuple[str, str]:
+def request_ms(ms: dict[int, float], prefill_ms_per_token: float, workload: Workload) -> float:
+    """A request's prefill plus its share of `new_tokens` decode steps of `rows` rows.
+
+    Example: ms {1: 60}, 2.4 ms a prompt token, 300 + 128 tokens alone -> 8400.0 ms; with
+    ms {1: 60, 16: 160} and 16 rows a step, each pays 10 ms a token -> 720 + 1280 = 2000.0 ms.
+    """
+    decode = step_ms(ms, workload.rows) / workload.rows
+    return workload.prompt_tokens * prefill_ms_per_token + workload.new_tokens * decode
+
+
+def for_workload(choice: DtypeChoice, workload: Workload) -> DtypeChoice:
+    """The same measured costs priced for another workload (nothing is measured again)."""
+    if choice.workload == workload:
+        return choice
+    costs = {
+        d: c.model_copy(
+            update={"request_ms": round(request_ms(c.ms, c.prefill_ms_per_token, workload), 1)}
+        )
+        for d, c in choice.costs.items()
+    }
+    chosen, reason = pick(costs, workload=workload)
+    return choice.model_copy(
+        update={"workload": workload, "costs": costs, "chosen": chosen, "reason": reason}
+    )
+
+
+def pick(
+    costs: dict[str, DtypeCost], min_gain: float = MIN_GAIN, workload: Workload | None = None
+) -> tuple[str, str]:
     """(dtype, reason): the cheapest request; float32 unless another beats it by `min_gain`.
 
     Example: float32 {1: 60 ms, prefill 2.45 ms/token, request 8415 ms}, bfloat16 {1: 38 ms,
@@ -71,9 +115,11 @@ def pick(costs: dict[str, DtypeCost], min_gain: float = MIN_GAIN) -> tuple[str, 
     {1: 50 ms, 16 ms/token} costs 11200 ms -> ("torch.float32", "... float32 (cheapest)").
     """
     fp32 = "torch.float32"
+    rows = workload.rows if workload is not None else 1
     best = min(costs, key=lambda d: costs[d].request_ms)
+    step = "decode" if rows == 1 else f"decode at {rows} rows"
     figures = "; ".join(
-        f"{d.removeprefix('torch.')}: decode {c.ms[1]:.1f} ms, prefill "
+        f"{d.removeprefix('torch.')}: {step} {step_ms(c.ms, rows) / rows:.1f} ms/token, prefill "
         f"{c.prefill_ms_per_token:.2f} ms/token, request {c.request_ms / 1000:.2f} s"
         for d, c in costs.items()
     )
@@ -109,20 +155,23 @@ def choice_path(cache_dir: Path, model_id: str, device, threads: int) -> Path:
 def measure_choice(
     model, model_id: str, workload: Workload | None = None, context: int = 200, repeats: int = 5
 ) -> DtypeChoice:
-    """Time 1- and 4-token verify forwards and a 128-token prefill of `model` in each candidate."""
+    """Time 1-, 4- and 16-token verify forwards and a 128-token prefill of `model` in each
+    candidate, and price `workload` with them."""
     workload = workload or Workload()
     costs: dict[str, DtypeCost] = {}
     for dtype in candidates(model.device):
         copy_ = model if model.dtype == dtype else copy.deepcopy(model).to(dtype)
-        curve = measure_cost_curve(copy_, model_id, sizes=(1, 4), context=context, repeats=repeats)
+        curve = measure_cost_curve(
+            copy_, model_id, sizes=MEASURED_ROWS, context=context, repeats=repeats
+        )
         prefill = measure_prefill(copy_)
         costs[str(dtype)] = DtypeCost(
             ms=curve.ms,
             prefill_ms_per_token=round(prefill, 4),
-            request_ms=round(request_ms(curve.ms[1], prefill, workload), 1),
+            request_ms=round(request_ms(curve.ms, prefill, workload), 1),
         )
         del copy_
-    chosen, reason = pick(costs)
+    chosen, reason = pick(costs, workload=workload)
     return DtypeChoice(
         model_id=model_id,
         device=str(model.device),

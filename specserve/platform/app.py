@@ -71,7 +71,11 @@ class ModelServer:
         torch.set_num_threads(settings.resolved_torch_threads())
         source = settings.model_dirs.get(model_id, model_id)
         loaded = load_model(
-            str(source), device=settings.device, dtype=settings.dtype, cache_dir=settings.cache_dir
+            str(source),
+            device=settings.device,
+            dtype=settings.dtype,
+            cache_dir=settings.cache_dir,
+            workload=settings.dtype_workload(),
         )
         loaded.model_id = model_id  # the served name, whatever directory it came from
         self.dtype = {"dtype": str(loaded.dtype)} | (

@@ -72,7 +72,11 @@ def run_drafter_job(
     try:
         source = settings.model_dirs.get(version.base_model, version.base_model)
         loaded = load_model(
-            str(source), device=settings.device, dtype=settings.dtype, cache_dir=settings.cache_dir
+            str(source),
+            device=settings.device,
+            dtype=settings.dtype,
+            cache_dir=settings.cache_dir,
+            workload=settings.dtype_workload(),
         )
         limits = AdapterLimits(root=settings.resolved_adapter_root())
         adapters = ResidentAdapters(loaded.model, base_model_names(version.base_model), limits)

@@ -48,6 +48,13 @@ class TenantKeys(BaseModel):
 class PlatformSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    def dtype_workload(self):
+        """What `dtype: auto` prices for this platform's replicas and their jobs (one rule, so a
+        drafter trains in the dtype it will serve in)."""
+        from specserve.engine.dtype_choice import Workload
+
+        return Workload(rows=self.dtype_rows)
+
     models: list[str] = Field(["smollm2-135m"], min_length=1)
     policy_file: Path = Path("configs/policy.yaml")
     adapter_root: Path | None = None
@@ -63,6 +70,12 @@ class PlatformSettings(BaseModel):
     dtype: str = Field(
         "auto",
         description="auto (cheapest request measured here, cached), float32 (exact), bfloat16",
+    )
+    dtype_rows: int = Field(
+        16,
+        ge=1,
+        description="decode rows per step `dtype: auto` prices a replica's requests at (its "
+        "typical batch under load; 1 prices a request alone, as the commands do)",
     )
     batch: BatchSettings = Field(BatchSettings(), description="each replica's engine loop limits")
     torch_threads: int | None = Field(

@@ -13,6 +13,7 @@ import torch
 from specserve.engine import compiled
 from specserve.engine.cost import measure_cost_curve
 from specserve.engine.decode import Engine
+from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.ties import check_outputs
 
@@ -51,15 +52,12 @@ def test_settings_reject_unknown_keys_and_modes():
 
 @pytest.fixture(scope="module")
 def warm_model(tiny_llama):
-    """A tiny model with its compiled forward warmed in the background thread."""
+    """A tiny model with its compiled forward warmed, the hidden-feature shapes included."""
     model = copy.deepcopy(tiny_llama(5))
-    target = compiled.attach(model, compiled.CompileSettings(mode="on"))
-    done = []
-    thread = target.start_background("tiny", on_done=lambda rec, err: done.append((rec, err)))
-    thread.join(timeout=600)
-    assert done and done[0][1] is None, done
+    settings = compiled.CompileSettings(mode="on", features=True)
+    record = compiled.attach(model, settings).warm("tiny")
     torch.compiler.set_stance("fail_on_recompile")  # a step outside the warmed graphs fails
-    yield model, done[0][0]
+    yield model, record
     torch.compiler.set_stance("default")
 
 
@@ -73,18 +71,23 @@ def test_warm_up_measures_both_forwards(warm_model):
     model, record = warm_model
     assert set(record.eager_ms) == set(record.compiled_ms) == {1, 2, 4, 8}
     assert record.start_s > 0 and record.dtype == "torch.float32"
+    assert record.graphs == 4  # 1 row and k rows, each with and without hidden features
     assert record.max_abs_diff < 1e-4  # float32: equal, or within float32 reassociation
     assert compiled.forward_key(model) == "torch.float32+compiled"
     assert measure_cost_curve(model, "tiny", sizes=(1, 2), repeats=1).dtype.endswith("+compiled")
 
 
-@pytest.mark.parametrize("strategy", ["ar", "prompt_lookup", "lookahead"])
-def test_decoding_through_the_compiled_forward_matches_generate(warm_model, tokenizer, strategy):
+@pytest.mark.parametrize("strategy", ["ar", "prompt_lookup", "lookahead", "medusa", "eagle"])
+def test_decoding_through_the_compiled_forward_matches_generate(
+    warm_model, tokenizer, random_drafter, strategy
+):
     """Every decode step runs in the two warmed graphs (no recompile: the stance would raise);
     the output is greedy generate()'s token for token where the compiled forward is bit-exact,
     else it differs only where the measured compiled-vs-eager noise can flip a tie."""
     model, record = warm_model
-    engine = Engine(model, tokenizer, frozenset())
+    specs = {"medusa": MedusaSpec(heads=2, topk=3), "eagle": EagleSpec()}
+    drafters = {k: random_drafter(model, spec, seed=1, scale=0.3) for k, spec in specs.items()}
+    engine = Engine(model, tokenizer, frozenset(), drafters=drafters)
     for n in (5, 40):
         prompt = _prompt(n, model.config.vocab_size)
         got = engine.generate(prompt, SamplingParams(max_new_tokens=24), strategy)
