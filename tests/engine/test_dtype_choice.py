@@ -17,6 +17,21 @@ def _cost(ms1: float, prefill: float, ms16: float | None = None) -> dtype_choice
     return dtype_choice.DtypeCost(ms=ms, prefill_ms_per_token=prefill, request_ms=total)
 
 
+def _choice(model_id: str, costs: dict, chosen: str) -> dtype_choice.DtypeChoice:
+    """A cached choice as `measure_choice` would write it, with made-up costs."""
+    return dtype_choice.DtypeChoice(
+        model_id=model_id,
+        device="cpu",
+        threads=torch.get_num_threads(),
+        torch_version=torch.__version__,
+        context=200,
+        workload=dtype_choice.Workload(),
+        costs=costs,
+        chosen=chosen,
+        reason="test",
+    )
+
+
 def _slow_step_ms(ms: dict[int, float], rows: int) -> float:
     """Reference: walk the measured points; interpolate on the segment holding rows."""
     points = sorted(ms.items())
@@ -46,17 +61,8 @@ def test_a_batch_can_flip_the_choice():
     """bf16 on an AVX2-only core (session 8's curve shape): cheaper for one row, a row's cost
     linear in the rows; fp32 rows nearly free. Alone bf16 wins; at 16 rows a step fp32 does."""
     fp32, bf16 = "torch.float32", "torch.bfloat16"
-    choice = dtype_choice.DtypeChoice(
-        model_id="m",
-        device="cpu",
-        threads=2,
-        torch_version=torch.__version__,
-        context=200,
-        workload=dtype_choice.Workload(),
-        costs={fp32: _cost(98.0, 2.8, ms16=160.0), bf16: _cost(53.0, 2.8, ms16=311.0)},
-        chosen=bf16,
-        reason="alone",
-    )
+    costs = {fp32: _cost(98.0, 2.8, ms16=160.0), bf16: _cost(53.0, 2.8, ms16=311.0)}
+    choice = _choice("m", costs, bf16)
     assert dtype_choice.pick(choice.costs)[0] == bf16
     served = dtype_choice.for_workload(choice, dtype_choice.Workload(rows=16))
     assert served.chosen == fp32 and "decode at 16 rows" in served.reason
@@ -121,17 +127,8 @@ def test_auto_measures_once_then_reads_the_cache(tmp_path, save_tiny_model_dir, 
 def test_auto_follows_a_cached_bf16_choice(tmp_path, save_tiny_model_dir):
     """Whatever the cache says is what loads (here bf16, as on a Zen 4 core)."""
     model_dir = save_tiny_model_dir(tmp_path / "m")
-    choice = dtype_choice.DtypeChoice(
-        model_id=str(model_dir.resolve()),
-        device="cpu",
-        threads=torch.get_num_threads(),
-        torch_version=torch.__version__,
-        context=200,
-        workload=dtype_choice.Workload(),
-        costs={"torch.float32": _cost(60, 2.45), "torch.bfloat16": _cost(38, 1.7)},
-        chosen="torch.bfloat16",
-        reason="test",
-    )
+    costs = {"torch.float32": _cost(60, 2.45), "torch.bfloat16": _cost(38, 1.7)}
+    choice = _choice(str(model_dir.resolve()), costs, "torch.bfloat16")
     dtype_choice.save_choice(tmp_path, choice)
     loaded = load_model(str(model_dir), device="cpu", dtype="auto", cache_dir=tmp_path)
     assert loaded.dtype == torch.bfloat16
@@ -156,17 +153,8 @@ def test_auto_prices_the_workload_it_is_given(tmp_path, save_tiny_model_dir):
     dtypes from it."""
     model_dir = save_tiny_model_dir(tmp_path / "m")
     fp32, bf16 = "torch.float32", "torch.bfloat16"
-    choice = dtype_choice.DtypeChoice(
-        model_id=str(model_dir.resolve()),
-        device="cpu",
-        threads=torch.get_num_threads(),
-        torch_version=torch.__version__,
-        context=200,
-        workload=dtype_choice.Workload(),
-        costs={fp32: _cost(98.0, 2.8, ms16=160.0), bf16: _cost(53.0, 2.8, ms16=311.0)},
-        chosen=bf16,
-        reason="test",
-    )
+    costs = {fp32: _cost(98.0, 2.8, ms16=160.0), bf16: _cost(53.0, 2.8, ms16=311.0)}
+    choice = _choice(str(model_dir.resolve()), costs, bf16)
     dtype_choice.save_choice(tmp_path, choice)
     alone = load_model(str(model_dir), device="cpu", dtype="auto", cache_dir=tmp_path)
     assert alone.dtype == torch.bfloat16
