@@ -43,7 +43,7 @@ def main() -> None:
     from specserve.engine.models import load_model
 
     loaded = load_model(args.model, dtype=args.dtype)
-    settings = compiled.CompileSettings(mode="on", features=args.features)
+    settings = compiled.CompileSettings(features=args.features)
     record = compiled.attach(loaded.model, settings).warm(loaded.model_id)
     print(record.model_dump_json(indent=1))
     times = compile_times(repr="csv", aggregate=True)  # (names, seconds)

@@ -99,7 +99,7 @@ def _compile(args, loaded, features: bool = False):
     # compiled graphs persist beside the other caches, so only the first start pays inductor
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
     settings = compiled.CompileSettings(
-        mode=mode, features=features, inductor_mode=getattr(args, "compile_mode", "default")
+        features=features, inductor_mode=getattr(args, "compile_mode", "default")
     )
     target = compiled.attach(loaded.model, settings)
     last = f" (last time {record.start_s:.0f} s)" if record is not None else ""

@@ -15,7 +15,7 @@ import torch
 
 from specserve.engine import hf_internals
 from specserve.engine.batch_cache import BatchKV
-from specserve.engine.forward import ForwardOutput, build_inputs
+from specserve.engine.forward import ForwardOutput, additive_mask, build_inputs
 from specserve.engine.lora_batch import lora_rows
 from specserve.engine.tree import Draft, draft_width
 
@@ -80,8 +80,7 @@ def verify_batch_forward(
     inputs = build_batch_inputs(rows, kv.visible, starts, q)
     extents = kv.extents(q)
     device = model.device
-    mask = torch.zeros(inputs.allowed.shape, dtype=model.dtype, device=device)
-    mask.masked_fill_(~inputs.allowed.to(device), torch.finfo(model.dtype).min)
+    mask = additive_mask(inputs.allowed, model.dtype, device)  # [b, q, columns]
     keep = sorted({r for per_row in inputs.logit_rows for r in per_row})
     layers = tuple(sorted({layer for row in rows for layer in row.feature_layers}))
     with lora_rows(model, [row.adapter for row in rows]):

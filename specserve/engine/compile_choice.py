@@ -1,4 +1,4 @@
-"""Whether the target forward is compiled: `decide` turns `CompileSettings.mode` and the cached
+"""Whether the target forward is compiled: `decide` turns `--compile auto|on|off` and the cached
 measurement of an earlier warm-up (`CompileRecord`, per model, device, dtype, threads and torch)
 into a decision with its reason; never a guess from the device kind.
 """

@@ -5,7 +5,6 @@ compiles it over a scratch cache and measures it; calls run eager until then.
 
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from typing import Literal
@@ -16,22 +15,17 @@ from transformers import DynamicCache
 
 from specserve.engine import hf_internals
 from specserve.engine.lora import is_peft_model
+from specserve.engine.tree import Draft, DraftTree
 
 CONTEXT = 200  # cache length the warm-up measures at (as the cost curve does)
 _ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> CompiledForward
 
 
 class CompileSettings(BaseModel):
-    """How the target forward runs; unknown keys fail."""
+    """How the target forward is compiled (whether: `compile_choice.decide`); unknown keys fail."""
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Literal["auto", "on", "off"] = Field(
-        "auto",
-        description="on: compile; off: eager; auto: on when a cached measurement on this model, "
-        "device, dtype and torch shows the compiled forward >= 1.05x cheaper (and, in float32, "
-        "bit-exact), else off",
-    )
     max_width: int = Field(64, ge=2, description="calls with more query rows run eager (prefill)")
     features: bool = Field(False, description="also warm the shapes that return hidden features")
     inductor_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = Field(
@@ -93,7 +87,7 @@ def forward_key(model) -> str:
     """The dtype, plus "+compiled" once the compiled forward serves: keys the cost curve and tuning,
     which differ between the two. Example: "torch.bfloat16+compiled"."""
     compiled = _ATTACHED.get(model)
-    suffix = "+compiled" if compiled is not None and compiled.ready.is_set() else ""
+    suffix = "+compiled" if compiled is not None and compiled.ready else ""
     return f"{model.dtype}{suffix}"
 
 
@@ -116,13 +110,16 @@ class CompiledForward:
         self._compiled = torch.compile(
             model.forward, dynamic=True, mode=settings.inductor_mode, fullgraph=False
         )
-        self.ready = threading.Event()  # set by `warm`, read by the decode loop
-        self.record: CompileRecord | None = None
+        self.record: CompileRecord | None = None  # set by `warm`; until then calls run eager
+
+    @property
+    def ready(self) -> bool:
+        return self.record is not None
 
     def runner(self, q: int, past: int):
         """What to call for a forward of q query rows: the compiled forward, or the model for
         prefill (an empty cache or more than `max_width` rows) and until warm."""
-        if past == 0 or q > self.settings.max_width or not self.ready.is_set():
+        if past == 0 or q > self.settings.max_width or not self.ready:
             return self.model
         return self
 
@@ -148,7 +145,7 @@ class CompiledForward:
         ):
             for features in hidden:
                 for q, keep in ((1, 1), (5, 3)):
-                    _call(self, self.model, cache, prefix, q, keep, features)
+                    _call(self, self.model, cache, prefix[:q], keep, features)
         start_s = time.perf_counter() - start
         eager, compiled, diff = _compare(self.model, self, cache, prefix, widths)
         self.record = CompileRecord(
@@ -165,7 +162,6 @@ class CompiledForward:
             cache_hits={k: v - before[k] for k, v in _cache_counters().items() if k != "graphs"},
         )
         torch.compiler.set_stance("eager_on_recompile")  # no minutes-long compile in the loop
-        self.ready.set()
         return self.record
 
 
@@ -186,28 +182,29 @@ def _scratch_cache(model):
     vocab = model.config.vocab_size
     prefix = [(7 * i + 3) % vocab for i in range(CONTEXT)]
     cache = hf_internals.new_cache(model.config)
-    _call(model, model, cache, prefix[: CONTEXT - 1], CONTEXT - 1, CONTEXT - 1, False, past=0)
+    _call(model, model, cache, prefix[: CONTEXT - 1], 1, False, past=0)
     return cache, prefix
 
 
 @torch.inference_mode()
-def _call(fn, model, cache, prefix, q, keep, features, past=CONTEXT - 1):
-    """One verify-shaped call of q chain rows after `past` cached positions (cropped again);
-    the logits of its last `keep` rows."""
-    mask = None
-    if q > 1:
-        allowed = torch.ones(q, past + q, dtype=torch.bool).tril(past)  # [q, past + q] causal
-        mask = torch.zeros(allowed.shape, dtype=model.dtype)
-        mask.masked_fill_(~allowed, torch.finfo(model.dtype).min)
-        mask = mask[None, None].to(model.device)  # [1, 1, q, past + q]
-    ids = torch.tensor([[prefix[(past + i) % len(prefix)] for i in range(q)]], device=model.device)
+def _call(fn, model, cache, tokens, keep, features, past=CONTEXT - 1):
+    """`fn` over `verify_forward`'s layout of `tokens` (pending token + a chain draft) after
+    `past` cached positions, which are all that remain after; the logits of the last `keep`
+    verified rows."""
+    from specserve.engine.forward import additive_mask, build_inputs  # forward imports this
+
+    chain = DraftTree(tuple(tokens[1:]), tuple(range(-1, len(tokens) - 2)))
+    inputs = build_inputs(past, tokens[:1] if past else tokens, Draft(chain) if past else Draft())
+    device = model.device
+    q = inputs.input_ids.shape[1]
+    mask = None if q == 1 else additive_mask(inputs.allowed, model.dtype, device)[None, None]
     out = fn(
-        input_ids=ids,
-        position_ids=torch.arange(past, past + q, device=model.device)[None],
+        input_ids=inputs.input_ids.to(device),
+        position_ids=inputs.position_ids.to(device),
         attention_mask=mask,
         **hf_internals.cache_kwargs(model, cache),
         use_cache=True,
-        logits_to_keep=torch.arange(q - keep, q, device=model.device),
+        logits_to_keep=inputs.logit_rows[-keep:].to(device),
         **({"output_hidden_states": True} if features else {}),
     )
     if past > 0:
@@ -225,7 +222,7 @@ def _compare(model, compiled, cache, prefix, widths, repeats: int = 5):
             for label, fn in (("eager", model), ("compiled", compiled)):
                 sync_device(model.device)
                 start = time.perf_counter()
-                outs.append(_call(fn, model, cache, prefix, k, k, False).float())
+                outs.append(_call(fn, model, cache, prefix[:k], k, False).float())
                 sync_device(model.device)
                 times[label].setdefault(k, []).append(time.perf_counter() - start)
             diff = max(diff, (outs[0] - outs[1]).abs().max().item())

@@ -70,6 +70,14 @@ def build_inputs(past: int, pending: list[int], draft: Draft, pad_to: int = 0) -
     )
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
+    """The 4D-mask values of a boolean layout: 0 where a query row may attend, the dtype's
+    minimum elsewhere (same shape as `allowed`). Example: [[True, False]] in float32 ->
+    [[0.0, -3.4028e38]]."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(~allowed.to(device), torch.finfo(dtype).min)
+
+
 def _pending_block(p: int, q: int) -> torch.Tensor:
     """[q, p]: pending rows are causal among themselves; all later rows see every pending token."""
     block = torch.ones(q, p, dtype=torch.bool)
@@ -98,9 +106,7 @@ def verify_forward(
     device = model.device
     mask = None  # a single query row sees everything: the model's own (causal) path is exact
     if inputs.input_ids.shape[1] > 1:
-        mask = torch.zeros(inputs.allowed.shape, dtype=model.dtype, device=device)
-        mask.masked_fill_(~inputs.allowed.to(device), torch.finfo(model.dtype).min)
-        mask = mask[None, None]  # [1, 1, q, past + q]
+        mask = additive_mask(inputs.allowed, model.dtype, device)[None, None]  # [1, 1, q, past + q]
     forward = compiled.runner(
         model, inputs.input_ids.shape[1], past
     )  # the model or its compiled one

@@ -25,10 +25,10 @@ def test_unattached_model_is_its_own_runner(model):
 
 def test_runner_is_eager_until_warm_and_for_wide_calls(tiny_llama):
     model = copy.deepcopy(tiny_llama(3))
-    target = compiled.attach(model, compiled.CompileSettings(mode="on", max_width=8))
+    target = compiled.attach(model, compiled.CompileSettings(max_width=8))
     assert compiled.runner(model, 1, 10) is model  # not warm yet: eager
     assert compiled.forward_key(model) == "torch.float32"
-    target.ready.set()  # as `warm` leaves it
+    target.record = _record()  # as `warm` leaves it
     assert compiled.runner(model, 1, 10) is target
     assert compiled.runner(model, 8, 10) is target
     assert compiled.runner(model, 9, 10) is model  # prefill-sized calls stay eager
@@ -36,25 +36,39 @@ def test_runner_is_eager_until_warm_and_for_wide_calls(tiny_llama):
     assert compiled.forward_key(model) == "torch.float32+compiled"
 
 
+def _record() -> compiled.CompileRecord:
+    return compiled.CompileRecord(
+        model_id="tiny",
+        device="cpu",
+        dtype="torch.float32",
+        threads=1,
+        torch=torch.__version__,
+        eager_ms={1: 2.0},
+        compiled_ms={1: 1.0},
+        start_s=1.0,
+        max_abs_diff=0.0,
+    )
+
+
 def test_a_model_with_lora_adapters_is_refused(tiny_llama):
     config = peft.LoraConfig(r=2, target_modules=["q_proj"])
     wrapped = peft.get_peft_model(copy.deepcopy(tiny_llama(0)), config)
     with pytest.raises(compiled.CompileUnsupported, match="LoRA"):
-        compiled.attach(wrapped, compiled.CompileSettings(mode="on"))
+        compiled.attach(wrapped, compiled.CompileSettings())
 
 
 def test_settings_reject_unknown_keys_and_modes():
     with pytest.raises(ValueError):
-        compiled.CompileSettings(mode="sometimes")
+        compiled.CompileSettings(inductor_mode="sometimes")
     with pytest.raises(ValueError):
-        compiled.CompileSettings(mode="on", widths=3)
+        compiled.CompileSettings(widths=3)
 
 
 @pytest.fixture(scope="module")
 def warm_model(tiny_llama):
     """A tiny model with its compiled forward warmed, the hidden-feature shapes included."""
     model = copy.deepcopy(tiny_llama(5))
-    settings = compiled.CompileSettings(mode="on", features=True)
+    settings = compiled.CompileSettings(features=True)
     record = compiled.attach(model, settings).warm("tiny")
     torch.compiler.set_stance("fail_on_recompile")  # a step outside the warmed graphs fails
     yield model, record

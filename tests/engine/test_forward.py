@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specserve.engine import hf_internals
-from specserve.engine.forward import build_inputs, verify_forward
+from specserve.engine.forward import additive_mask, build_inputs, verify_forward
 from specserve.engine.proposers.lookahead import window_layout
 from specserve.engine.tree import AuxBranch, Draft, DraftTree
 
@@ -192,3 +192,9 @@ def test_features_of_pending_and_tree_rows_equal_plain_forwards(model):
         tokens = prefix + path
         assert torch.allclose(out.features[2 + node], plain(tokens), atol=1e-5)
     assert verify_forward(model, cache, 5, [1], Draft()).features is None
+
+
+def test_additive_mask_docstring_example():
+    mask = additive_mask(torch.tensor([[True, False]]), torch.float32, "cpu")
+    assert mask.tolist() == [[0.0, torch.finfo(torch.float32).min]]
+    assert additive_mask(torch.tensor([[False]]), torch.bfloat16, "cpu").dtype == torch.bfloat16
