@@ -15,7 +15,7 @@ import torch
 
 from specserve.engine import hf_internals
 from specserve.engine.batch_cache import BatchKV
-from specserve.engine.forward import ForwardOutput, additive_mask, build_inputs
+from specserve.engine.forward import ForwardOutput, additive_mask, build_inputs, window_allowed
 from specserve.engine.lora_batch import lora_rows
 from specserve.engine.tree import Draft, draft_width
 
@@ -80,14 +80,14 @@ def verify_batch_forward(
     inputs = build_batch_inputs(rows, kv.visible, starts, q)
     extents = kv.extents(q)
     device = model.device
-    mask = additive_mask(inputs.allowed, model.dtype, device)  # [b, q, columns]
+    mask = batch_masks(model.config, inputs, kv.visible, starts, model.dtype, device)
     keep = sorted({r for per_row in inputs.logit_rows for r in per_row})
     layers = tuple(sorted({layer for row in rows for layer in row.feature_layers}))
     with lora_rows(model, [row.adapter for row in rows]):
         out = model(
             input_ids=inputs.input_ids.to(device),
             position_ids=inputs.position_ids.to(device),
-            attention_mask=mask[:, None],  # [b, 1, q, columns]
+            attention_mask=mask,
             **hf_internals.cache_kwargs(model, kv.cache),
             use_cache=True,
             logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),
@@ -100,6 +100,34 @@ def verify_batch_forward(
         _row_output(out.logits[b], at, inputs.logit_rows[b], row, features, layers, b)
         for b, row in enumerate(rows)
     ]
+
+
+def batch_masks(config, inputs: BatchInputs, visible, starts: list[int], dtype, device):
+    """The `attention_mask` argument: the 4D additive mask [b, 1, q, columns] of `inputs` and,
+    for sliding-window layers, the same narrowed to each query's window (column positions: a
+    row's held columns count 0, 1, ... in order; its new block has the query positions)."""
+    full = additive_mask(inputs.allowed, dtype, device)  # [b, q, columns]
+    window = hf_internals.window(config)
+    if window is None:
+        return full[:, None]
+    key_pos = column_positions(visible, starts, inputs.position_ids)  # [b, columns]
+    allowed = window_allowed(inputs.allowed, inputs.position_ids, key_pos, window)
+    windowed = additive_mask(allowed, dtype, device)
+    return hf_internals.layer_masks(config, full[:, None], windowed[:, None])
+
+
+def column_positions(
+    visible: torch.Tensor, starts: list[int], position_ids: torch.Tensor
+) -> torch.Tensor:
+    """[b, columns]: the position each row's column holds (held columns before the row's start
+    count 0, 1, ...; the new block [start, start + q) takes `position_ids` [b, q]; others are
+    never attended). Example: visible [[T, F, T, F, F]], starts [3], position_ids [[2, 3]] ->
+    [[0, 0, 1, 2, 3]]."""
+    positions = visible.long().cumsum(dim=1) - 1  # [b, columns]
+    q = position_ids.shape[1]
+    for b, start in enumerate(starts):
+        positions[b, start : start + q] = position_ids[b]
+    return positions
 
 
 def _padded_q(rows: list[BatchRow], pad_width: Callable[[int], int] | None) -> int:

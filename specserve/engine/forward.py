@@ -78,6 +78,31 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device) -> torch.Te
     return mask.masked_fill_(~allowed.to(device), torch.finfo(dtype).min)
 
 
+def window_allowed(
+    allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor, window: int
+) -> torch.Tensor:
+    """`allowed` [..., q, k] narrowed to a sliding window: a query at position p keeps only keys
+    at positions > p - window (transformers' rule). `query_pos` [..., q], `key_pos` [..., k].
+    Example: window 2, query_pos [3], key_pos [1, 2, 3], allowed [[T, T, T]] -> [[F, T, T]]."""
+    near = query_pos[..., :, None] - key_pos[..., None, :] < window  # [..., q, k]
+    return allowed & near
+
+
+def attention_masks(config, inputs: ForwardInputs, past: int, offset: int, dtype, device):
+    """The `attention_mask` argument for a multi-row forward: the 4D additive mask
+    [1, 1, q, past + q] of `inputs`, and for sliding-window layers (whose cache holds positions
+    from `offset` on) the same narrowed to the window, [1, 1, q, past - offset + q]."""
+    full = additive_mask(inputs.allowed, dtype, device)[None, None]
+    window = hf_internals.window(config)
+    if window is None:
+        return full
+    query_pos = inputs.position_ids[0]  # [q]
+    key_pos = torch.cat([torch.arange(offset, past), query_pos])  # [past - offset + q]
+    allowed = window_allowed(inputs.allowed[:, offset:], query_pos, key_pos, window)
+    windowed = additive_mask(allowed, dtype, device)[None, None]
+    return hf_internals.layer_masks(config, full, windowed)
+
+
 def _pending_block(p: int, q: int) -> torch.Tensor:
     """[q, p]: pending rows are causal among themselves; all later rows see every pending token."""
     block = torch.ones(q, p, dtype=torch.bool)
@@ -106,7 +131,8 @@ def verify_forward(
     device = model.device
     mask = None  # a single query row sees everything: the model's own (causal) path is exact
     if inputs.input_ids.shape[1] > 1:
-        mask = additive_mask(inputs.allowed, model.dtype, device)[None, None]  # [1, 1, q, past + q]
+        offset = hf_internals.window_offset(cache)
+        mask = attention_masks(model.config, inputs, past, offset, model.dtype, device)
     forward = compiled.runner(
         model, inputs.input_ids.shape[1], past
     )  # the model or its compiled one

@@ -10,17 +10,79 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import weakref
 
 import torch
 from transformers import AttentionInterface, DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 
 def new_cache(config) -> DynamicCache:
-    """An empty cache for a model with this config."""
-    return DynamicCache(config=config)
+    """An empty cache for a model with this config; its sliding-window layers are `WindowLayer`s
+    (they can roll back a rejected draft and keep only what a later query can see)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [
+        WindowLayer(window) if window else layer
+        for layer, window in zip(cache.layers, layer_windows(config), strict=True)
+    ]
+    return cache
+
+
+def layer_windows(config) -> tuple[int | None, ...]:
+    """Per decoder layer: its sliding window (a query at position p sees keys at positions
+    > p - window), or None for full attention. Example: Gemma 2 with window 4096 ->
+    (4096, None, 4096, None, ...). Raises for cache layers the engine cannot roll back.
+    Remembered per config object (building the layers costs ~0.5 ms; forwards ask every step)."""
+    known = _WINDOWS.get(id(config))
+    if known is not None and known[0]() is config:
+        return known[1]
+    windows = _layer_windows(config)
+    _WINDOWS[id(config)] = (weakref.ref(config), windows)
+    return windows
+
+
+_WINDOWS: dict[int, tuple[weakref.ref, tuple[int | None, ...]]] = {}
+
+
+def _layer_windows(config) -> tuple[int | None, ...]:
+    windows = []
+    for i, layer in enumerate(DynamicCache(config=config).layers):
+        if type(layer) is DynamicSlidingWindowLayer:
+            windows.append(int(layer.sliding_window))
+        elif type(layer) is DynamicLayer:
+            windows.append(None)
+        else:
+            raise ValueError(
+                f"layer {i} of {config.model_type}: cache layer {type(layer).__name__} is not "
+                "supported (full or sliding-window attention only)"
+            )
+    if len({w for w in windows if w}) > 1:
+        raise ValueError(f"{config.model_type}: layers with different sliding windows {windows}")
+    return tuple(windows)
+
+
+def window(config) -> int | None:
+    """The sliding window of the model's windowed layers (None: every layer attends fully)."""
+    return next((w for w in layer_windows(config) if w), None)
+
+
+def layer_masks(config, full: torch.Tensor, windowed: torch.Tensor | None):
+    """What the model's `attention_mask` argument takes for 4D masks per layer type: one tensor
+    when every layer is of one type, else the {layer type: mask} mapping hybrid models read.
+    `windowed` must be given when the model has sliding-window layers."""
+    windows = layer_windows(config)
+    if not any(windows):
+        return full
+    if all(windows):
+        return windowed
+    return {"full_attention": full, "sliding_attention": windowed}
+
+
+def window_offset(cache: DynamicCache) -> int:
+    """Positions the cache's windowed layers dropped from the front (0 without such layers)."""
+    return next((layer.offset for layer in cache.layers if isinstance(layer, WindowLayer)), 0)
 
 
 def cache_length(cache: DynamicCache) -> int:
@@ -45,19 +107,22 @@ def keep_rows(cache: DynamicCache, start: int, rows: list[int]) -> None:
     """Keep positions [0, start) plus start + r for r in rows (ascending), in that order.
 
     Example: length 10, start 6, rows [0, 2] leaves length 8 holding positions 0..6 and 8.
+    A `WindowLayer` then drops what no later query can see (all but its last window - 1).
     """
     total = cache_length(cache)
     contiguous = rows == list(range(len(rows)))
-    if not contiguous:
-        src = torch.tensor([start + r for r in rows], dtype=torch.long)
-        for layer in cache.layers:
-            src_dev = src.to(layer.keys.device)
-            dst = slice(start, start + len(rows))
-            layer.keys[:, :, dst] = layer.keys.index_select(2, src_dev)
-            layer.values[:, :, dst] = layer.values.index_select(2, src_dev)
-    drop = total - (start + len(rows))
-    if drop > 0:
-        cache.crop(-drop)
+    for layer in cache.layers:
+        offset = layer.offset if isinstance(layer, WindowLayer) else 0  # column = position - offset
+        if not contiguous:
+            src = torch.tensor([start + r - offset for r in rows], device=layer.keys.device)
+            dst = slice(start - offset, start - offset + len(rows))
+            layer.keys[:, :, dst] = layer.keys.index_select(2, src)
+            layer.values[:, :, dst] = layer.values.index_select(2, src)
+        drop = total - (start + len(rows))
+        if drop > 0:
+            layer.crop(-drop)
+        if isinstance(layer, WindowLayer):
+            layer.trim()
 
 
 @torch.inference_mode()
@@ -71,6 +136,45 @@ def make_contiguous(cache: DynamicCache) -> None:
             layer.keys = layer.keys.contiguous()
         if layer.values is not None and not layer.values.is_contiguous():
             layer.values = layer.values.contiguous()
+
+
+class WindowLayer(DynamicLayer):
+    """A sliding-window layer that can roll back: it holds positions [offset, offset + n), takes
+    a forward's entries in full (so a rejected draft can be cropped off, which transformers'
+    `DynamicSlidingWindowLayer` refuses once the window is full), and `trim` drops what no later
+    query can see. Example: window 4, positions 0..9 held -> trim -> offset 7, n 3 (7, 8, 9).
+    """
+
+    is_sliding = True
+
+    def __init__(self, window: int) -> None:
+        super().__init__()
+        self.window = window
+        self.offset = 0  # positions dropped from the front
+
+    def held(self) -> int:
+        return super().get_seq_length()
+
+    def get_seq_length(self) -> int:
+        return self.offset + self.held()
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.held() + query_length, self.offset  # the keys `update` returns, from offset
+
+    def get_max_length(self) -> int:
+        return self.window
+
+    def trim(self) -> None:
+        """Keep the last window - 1 positions: a query at p >= the length sees p - window + 1 on."""
+        drop = self.held() - (self.window - 1)
+        if drop > 0:
+            self.keys = self.keys[:, :, drop:]
+            self.values = self.values[:, :, drop:]
+            self.offset += drop
+
+    def reset(self) -> None:
+        super().reset()
+        self.offset = 0
 
 
 class GrowingLayer(DynamicLayer):
@@ -158,16 +262,15 @@ def set_write_columns(cache: DynamicCache, columns: list[int] | None) -> None:
 
 
 def row_writes(cache: DynamicCache) -> bool:
-    """Every layer can write each batch row at its own column (no sliding-window layers)."""
+    """Every layer can write each batch row at its own column."""
     return all(isinstance(layer, GrowingLayer) for layer in cache.layers)
 
 
 def new_batch_cache(config) -> DynamicCache:
-    """A cache for a decode batch: full-attention layers append in place (`GrowingLayer`)."""
+    """A cache for a decode batch: every layer appends in place (`GrowingLayer`); sliding-window
+    layers hold all of each row's positions too, and the engine's masks apply the window."""
     cache = DynamicCache(config=config)
-    cache.layers = [
-        GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers
-    ]
+    cache.layers = [GrowingLayer() for _ in layer_windows(config)]
     return cache
 
 
@@ -179,7 +282,7 @@ def append_row(cache: DynamicCache, row_cache: DynamicCache, length: int) -> Non
     Example: cache [2 rows, 5 positions] + a row of 7 -> [3 rows, 7 positions].
     """
     for layer, src in zip(cache.layers, row_cache.layers, strict=True):
-        keys, values = src.keys[:, :, :length], src.values[:, :, :length]
+        keys, values = _row_entries(src, length)
         if not layer.is_initialized or layer.keys.numel() == 0:
             layer.lazy_initialization(keys, values)
             layer.keys, layer.values = keys.clone(), values.clone()
@@ -195,8 +298,20 @@ def write_row(cache: DynamicCache, row: int, row_cache: DynamicCache, length: in
     """Overwrite batch row `row`'s first `length` positions with `row_cache`'s (batch 1 there),
     in place; the caller hides the row's other positions. Requires length <= the cache's."""
     for layer, src in zip(cache.layers, row_cache.layers, strict=True):
-        layer.keys[row, :, :length] = src.keys[0, :, :length]
-        layer.values[row, :, :length] = src.values[0, :, :length]
+        keys, values = _row_entries(src, length)
+        layer.keys[row, :, :length] = keys[0]
+        layer.values[row, :, :length] = values[0]
+
+
+def _row_entries(layer, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A request cache layer's first `length` positions as [1, h, length, d] keys and values; a
+    `WindowLayer`'s dropped positions are zeros (outside every later query's window)."""
+    offset = layer.offset if isinstance(layer, WindowLayer) else 0
+    keys, values = layer.keys[:, :, : length - offset], layer.values[:, :, : length - offset]
+    if offset:
+        keys = torch.nn.functional.pad(keys, (0, 0, offset, 0))
+        values = torch.nn.functional.pad(values, (0, 0, offset, 0))
+    return keys, values
 
 
 def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
