@@ -66,6 +66,65 @@ def make_tiny_llama(
     return _tiny_llama(seed, vocab, hidden, layers, init_range, head_scale)
 
 
+# --- tiny random models of other architectures (THE GATE of tests/engine/test_families.py) ---
+
+WINDOW = 8  # sliding window of the windowed families: shorter than the prompts + generations
+
+
+def _family_config(family: str):
+    import transformers as tf
+
+    common = dict(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    hybrid = dict(
+        head_dim=16, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"]
+    )
+    neox = {k: v for k, v in common.items() if k not in ("num_key_value_heads", "pad_token_id")}
+    configs = {
+        "llama": lambda: tf.LlamaConfig(**common),
+        "qwen2": lambda: tf.Qwen2Config(**common),
+        "qwen3": lambda: tf.Qwen3Config(**common, head_dim=16),
+        "mistral": lambda: tf.MistralConfig(**common, sliding_window=WINDOW),
+        "gemma2": lambda: tf.Gemma2Config(**common, **hybrid),  # soft-capping on by default
+        "gemma3": lambda: tf.Gemma3TextConfig(**common, **hybrid),
+        "phi3": lambda: tf.Phi3Config(**common),
+        "olmo2": lambda: tf.Olmo2Config(**common),
+        "gpt_neox": lambda: tf.GPTNeoXConfig(**neox),
+    }
+    return configs[family]()
+
+
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "olmo2", "gpt_neox")
+
+
+@functools.cache
+def _tiny_family(family: str, seed: int):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(_family_config(family)).to(torch.float32).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def make_tiny_family(family: str, seed: int = 0):
+    """A tiny random causal LM of `family` (one of FAMILIES; fp32, eval), cached per argument
+    set (treat as read-only). The windowed ones (mistral, gemma2, gemma3) have window WINDOW."""
+    return _tiny_family(family, seed)
+
+
 class CharTokenizer:
     """Tokenizer stand-in: id i decodes to one letter chr(97 + i % 26), or to "t{i} " words."""
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from pydantic import BaseModel
 
-from specserve.engine import hf_internals
+from specserve.engine import families, hf_internals
 from specserve.engine.forward import ForwardOutput, verify_forward
 from specserve.engine.lora import adapter_kwargs
 from specserve.engine.ngram_pool import NGramPool
@@ -101,7 +101,9 @@ class Engine:
     ) -> None:
         """`pad_width(k)`: the verify width to run k decode tokens at (the device's cheapest
         width >= k, from its cost curve); None runs exactly k. `drafters`: strategy name ->
-        trained drafter checked against this model (see `engine.drafters.artifact`)."""
+        trained drafter checked against this model (see `engine.drafters.artifact`). Raises
+        `families.UnsupportedModel` for an architecture outside `families.FAMILIES`."""
+        families.family_of(model.config)
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(eos_ids)

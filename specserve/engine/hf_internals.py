@@ -342,12 +342,45 @@ def gather_rows(cache: DynamicCache, rows: torch.Tensor, columns: torch.Tensor) 
 ROW_ATTENTION = "specserve_rows"
 
 
+class UnsupportedAttention(ValueError):
+    """A layer asked the row attention for a feature it does not implement."""
+
+
+# what the row attention receives and honours: the sdpa arguments; `sliding_window` (every mask
+# it gets has the window applied: the engine's own, or transformers' where the model built it;
+# none only where the window cannot bind); the layer's bookkeeping it has no use for.
+_ATTENTION_KWARGS = frozenset(
+    {
+        "dropout",
+        "scaling",
+        "is_causal",
+        "sliding_window",
+        "position_ids",
+        "use_cache",
+        "output_hidden_states",
+    }
+)
+
+
+def _check_attention_kwargs(module, kwargs: dict) -> None:
+    """Raise for any keyword the row attention would otherwise drop (soft-capping, sinks...)."""
+    unknown = sorted(k for k, v in kwargs.items() if k not in _ATTENTION_KWARGS and v is not None)
+    if unknown:
+        raise UnsupportedAttention(
+            f"{type(module).__name__} passes {', '.join(unknown)} to the attention function; "
+            f"the engine's row attention does not implement it (it handles "
+            f"{', '.join(sorted(_ATTENTION_KWARGS))})"
+        )
+
+
 def _row_attention(module, query, key, value, attention_mask, row_extents=None, **kwargs):
     """transformers' sdpa without a mask. With one (query [b, heads, q, d], key/value
     [b, kv_heads, columns, d], mask [b, 1, q, columns]) and given `row_extents`, each batch row
     attends its own key columns [0, e_b) only, so short rows skip the long rows' padding; on CPU
     through torch's sdpa with grouped-query heads (transformers would copy every key/value head
-    group there), elsewhere through transformers' sdpa. Returns ([b, q, heads, d], None)."""
+    group there), elsewhere through transformers' sdpa. Returns ([b, q, heads, d], None).
+    Keywords outside `_ATTENTION_KWARGS` raise `UnsupportedAttention`, never pass silently."""
+    _check_attention_kwargs(module, kwargs)
     if attention_mask is None:
         return sdpa_attention_forward(module, query, key, value, None, **kwargs)
     attend = _grouped_sdpa if query.device.type == "cpu" else _transformers_sdpa
@@ -368,7 +401,8 @@ def _row_attention(module, query, key, value, attention_mask, row_extents=None, 
 
 
 def _grouped_sdpa(module, query, key, value, mask, scaling=None, dropout=0.0, **_) -> torch.Tensor:
-    """torch's sdpa with grouped-query heads, [b, q, heads, d]."""
+    """torch's sdpa with grouped-query heads, [b, q, heads, d] (the caller checked the other
+    keywords, see `_check_attention_kwargs`; a mask is always given here, so `is_causal` is moot)."""
     out = torch.nn.functional.scaled_dot_product_attention(
         query,
         key,
@@ -449,9 +483,10 @@ def hidden_features(out, layers: tuple[int, ...]) -> torch.Tensor:
 
 
 def _decoder(model):
-    """The decoder stack (`LlamaModel` and kin) of a causal LM, unwrapping a peft model."""
+    """The decoder stack (`LlamaModel`, `GPTNeoXModel` and kin) of a causal LM, unwrapping a
+    peft model: the attribute its class names as `base_model_prefix` (`model`, `gpt_neox`)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.model
+    return getattr(base, base.base_model_prefix)
 
 
 def decoder_layer(model, config=None, layer_idx: int = 0) -> torch.nn.Module:
@@ -461,13 +496,18 @@ def decoder_layer(model, config=None, layer_idx: int = 0) -> torch.nn.Module:
 
 
 def final_norm(model) -> torch.nn.Module:
-    """The norm the target applies before its LM head."""
-    return _decoder(model).norm
+    """The norm the target applies before its LM head (`norm`; GPT-NeoX: `final_layer_norm`)."""
+    decoder = _decoder(model)
+    return decoder.norm if hasattr(decoder, "norm") else decoder.final_layer_norm
 
 
 def rotary(model, hidden: torch.Tensor, position_ids: torch.Tensor):
-    """(cos, sin) position embeddings of the target for `position_ids` [batch, q]."""
-    return _decoder(model).rotary_emb(hidden, position_ids=position_ids)
+    """(cos, sin) position embeddings of the target for `position_ids` [batch, q], as its layer 0
+    gets them (Gemma 3 keeps one rotary table per layer type)."""
+    emb = _decoder(model).rotary_emb
+    if "layer_type" in inspect.signature(emb.forward).parameters:
+        return emb(hidden, position_ids, model.config.layer_types[0])
+    return emb(hidden, position_ids=position_ids)
 
 
 def layer_forward(layer, hidden, mask, position_ids, cache, position_embeddings) -> torch.Tensor:
@@ -486,8 +526,13 @@ def layer_forward(layer, hidden, mask, position_ids, cache, position_embeddings)
 
 @functools.cache
 def _layer_cache_keyword(layer_type: type) -> str:
+    """`cache` in newer transformers, `past_key_values` before; GPT-NeoX layers take `layer_past`
+    (a name the layer does not list would be swallowed by its **kwargs and the cache unused)."""
     params = inspect.signature(layer_type.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    names = [name for name in ("cache", "past_key_values", "layer_past") if name in params]
+    if not names:
+        raise ValueError(f"{layer_type.__name__}.forward takes no cache argument")
+    return names[0]
 
 
 def empty_cache() -> DynamicCache:

@@ -29,7 +29,7 @@ import torch
 import transformers
 import yaml
 
-from specserve.engine import hf_internals
+from specserve.engine import families, hf_internals
 
 __all__ = [
     "CatalogEntry",
@@ -508,6 +508,11 @@ def _finish(
 
 def _load_hf_dir(model_dir: Path, model_id: str, dev: torch.device, dt: torch.dtype) -> LoadedModel:
     try:
+        config = transformers.AutoConfig.from_pretrained(str(model_dir))
+    except Exception as e:
+        raise ModelLoadError(f"cannot read {model_dir / 'config.json'}: {e}") from e
+    _check_family(config, str(model_dir))
+    try:
         tok = transformers.AutoTokenizer.from_pretrained(str(model_dir))
     except Exception as e:
         raise ModelLoadError(f"cannot load tokenizer from {model_dir}: {e}") from e
@@ -529,7 +534,16 @@ def _load_gguf(path: Path, dev: torch.device, dt: torch.dtype) -> LoadedModel:
     except Exception as e:
         raise ModelLoadError(f"cannot load GGUF file {path}: {type(e).__name__}: {e}") from e
     hf_internals.strip_quantizer(model)
+    _check_family(model.config, str(path))
     return _finish(model, tok, str(path), dev, dt, str(path))
+
+
+def _check_family(config, where: str) -> None:
+    """Refuse an architecture outside `families.FAMILIES` now, with the supported list."""
+    try:
+        families.family_of(config)
+    except families.UnsupportedModel as e:
+        raise ModelLoadError(f"cannot serve {where}: {e}") from e
 
 
 def load_model(

@@ -13,24 +13,15 @@ import threading
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from schedules import ADAPTERS, alone, prompt, requests, run
 
 from specserve.engine.decode import Engine
 from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
-from specserve.engine.lora import BASE_ADAPTER
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.scheduler import BatchSettings, QueueFull, Scheduler
 from specserve.platform.metrics import LOOP_TOTALS
 
 pytestmark = pytest.mark.timeout(300)
-
-ADAPTERS = ["v1", "v2", "v3"]
-STRATEGIES = {
-    "ar": None,
-    "prompt_lookup": None,
-    "lookahead": {"window": 3, "ngram": 3, "guesses": 2},
-    "medusa": {"tree_size": 6},
-    "eagle": {"depth": 3, "topk": 2, "total_tokens": 6},
-}
 
 
 @pytest.fixture(scope="module")
@@ -60,87 +51,6 @@ def engine(lora_model, tokenizer, random_drafter):
     return Engine(lora_model, tokenizer, frozenset(), drafters=drafters)
 
 
-def _prompt(rng: random.Random, n: int) -> list[int]:
-    motif = [rng.randrange(96) for _ in range(rng.randint(3, 7))]
-    return [motif[i % len(motif)] if rng.random() < 0.8 else rng.randrange(96) for i in range(n)]
-
-
-def _requests(seed: int, count: int) -> list[dict]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(count):
-        strategy = rng.choice(list(STRATEGIES))
-        out.append(
-            {
-                "prompt": _prompt(rng, rng.choice([1, 5, 17, 40, 70])),
-                "strategy": strategy,
-                "adapter": rng.choice(ADAPTERS + [BASE_ADAPTER]),
-                "max_new": rng.randint(4, 24),
-                "join_at": rng.randint(0, 25),
-                "cancel_at": rng.randint(3, 30) if rng.random() < 0.15 else None,
-                "tenant": f"t{i % 3}",
-                "temperature": 0.0 if rng.random() < 0.75 else 0.9,
-                "seed": rng.randrange(1000),
-            }
-        )
-    return out
-
-
-def _params(req: dict) -> SamplingParams:
-    return SamplingParams(
-        max_new_tokens=req["max_new"], temperature=req["temperature"], seed=req["seed"]
-    )
-
-
-def _alone(engine: Engine, req: dict) -> list[int]:
-    params = _params(req)
-    state = engine.start(
-        req["prompt"], params, req["strategy"], STRATEGIES[req["strategy"]], None, req["adapter"]
-    )
-    for _ in engine.stream(state):
-        pass
-    return state.output_ids
-
-
-def _run(engine, scheduler, reqs, sink_log=None) -> dict[int, dict]:
-    """Submit each request at its join step, cancel at its cancel step; step until all done."""
-    seen: dict[int, dict] = {i: {"ids": [], "finished": False} for i in range(len(reqs))}
-    seen[-1] = {"max_rows": 0, "finished": True, "adapters": set()}
-    tickets = {}
-    step = 0
-    while not all(s["finished"] for s in seen.values()):
-        for i, req in enumerate(reqs):
-            if req["join_at"] == step:
-                params = _params(req)
-                state = engine.start(
-                    req["prompt"],
-                    params,
-                    req["strategy"],
-                    STRATEGIES[req["strategy"]],
-                    None,
-                    req["adapter"],
-                )
-
-                def sink(result, finished, i=i):
-                    if result is not None:
-                        seen[i]["ids"].extend(result.new_ids)
-                    seen[i]["finished"] = seen[i]["finished"] or finished
-
-                tickets[i] = scheduler.submit(state, req["tenant"], True, sink)
-            if req["cancel_at"] == step and i in tickets:
-                scheduler.cancel(tickets[i])
-                seen[i]["cancelled"] = True
-        scheduler.step()
-        rows = [t.state.adapter for t in scheduler.decoding]
-        seen[-1]["max_rows"] = max(seen[-1]["max_rows"], len(rows))
-        seen[-1]["adapters"] = seen[-1]["adapters"] | ({*rows} if len(rows) > 1 else set())
-        seen[-1].setdefault("caps", set()).add(scheduler.last_cap)
-        assert scheduler.reserved <= scheduler.settings.kv_tokens
-        step += 1
-        assert step < 2000, "the scheduler stopped making progress"
-    return seen
-
-
 def _linear_cost(k: int) -> float:
     return float(k)  # every token costs the same: speculation never pays, drafts are cut to 0
 
@@ -152,19 +62,19 @@ def _flat_cost(k: int) -> float:
 @pytest.mark.parametrize(
     ("seed", "cost"), [(0, None), (1, None), (2, None), (3, _linear_cost), (4, _flat_cost)]
 )
-def test_batched_rows_equal_each_request_alone(engine, seed, cost):
+def test_batched_rows_equal_each_requestalone(engine, seed, cost):
     """Random schedules: 14 requests over 3 adapters + base and 5 strategies, greedy and seeded
     sampling, prompts longer than the prefill chunk, joins and cancellations at random steps."""
-    reqs = _requests(seed, 14)
+    reqs = requests(seed, 14)
     engine.pad_width = (lambda k: 2 * k) if seed == 2 else None  # seed 2: padded batches
     scheduler = Scheduler(engine, BatchSettings(max_batch=6, prefill_chunk=16), cost)
     try:
-        seen = _run(engine, scheduler, reqs)
+        seen = run(engine, scheduler, reqs)
     finally:
         engine.pad_width = None
     checked = 0
     for i, req in enumerate(reqs):
-        want = _alone(engine, req)
+        want = alone(engine, req)
         if cost is not None and req["temperature"] > 0:
             continue  # a cut draft draws different uniforms: same distribution, another sample
         if seen[i].get("cancelled"):
@@ -190,16 +100,16 @@ def test_bf16_batched_rows_differ_from_alone_only_at_ties(lora_model, tokenizer,
         "eagle": random_drafter(model, EagleSpec(feature_layers=(0, -1)), seed=3, scale=0.1),
     }
     engine = Engine(model, tokenizer, frozenset(), drafters=drafters)
-    reqs = [r | {"temperature": 0.0, "cancel_at": None} for r in _requests(5, 12)]
+    reqs = [r | {"temperature": 0.0, "cancel_at": None} for r in requests(5, 12)]
     scheduler = Scheduler(engine, BatchSettings(max_batch=6, prefill_chunk=16))
-    seen = _run(engine, scheduler, reqs)
+    seen = run(engine, scheduler, reqs)
     rng = random.Random(0)
-    sequences = [_prompt(rng, 40) for _ in range(3)]
+    sequences = [prompt(rng, 40) for _ in range(3)]
     tolerance = max(ties.measure_tolerance(model, sequences, adapter=a).tolerance for a in ADAPTERS)
     assert 0 < tolerance < 0.1
     identical = 0
     for i, req in enumerate(reqs):
-        want = _alone(engine, req)
+        want = alone(engine, req)
         check = ties.check_outputs(
             model, {i: req["prompt"]}, {i: want}, {i: seen[i]["ids"]}, tolerance, req["adapter"]
         )
@@ -210,10 +120,8 @@ def test_bf16_batched_rows_differ_from_alone_only_at_ties(lora_model, tokenizer,
 
 
 def _start(engine, n_prompt=8, max_new=6, strategy="ar", adapter=None, seed=0):
-    prompt = _prompt(random.Random(seed), n_prompt)
-    return engine.start(
-        prompt, SamplingParams(max_new_tokens=max_new), strategy, None, None, adapter
-    )
+    ids = prompt(random.Random(seed), n_prompt)
+    return engine.start(ids, SamplingParams(max_new_tokens=max_new), strategy, None, None, adapter)
 
 
 def _sink(log: list, name: str):
@@ -337,7 +245,7 @@ def test_loop_thread_serves_submissions_and_calls(engine):
             "temperature": 0.0,
             "seed": 0,
         }
-        assert ids == _alone(engine, req)
+        assert ids == alone(engine, req)
     finally:
         scheduler.stop()
     assert not scheduler.running

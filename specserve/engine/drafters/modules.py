@@ -91,6 +91,11 @@ class EagleDraft(nn.Module):
         super().__init__()
         cfg = copy.deepcopy(target.config)
         cfg.num_hidden_layers = 1
+        # the draft layer sees its whole past and tree (its own mask has no window)
+        if getattr(cfg, "sliding_window", None) is not None:
+            cfg.sliding_window = None
+        if getattr(cfg, "layer_types", None) is not None:
+            cfg.layer_types = ["full_attention"]
         hidden = cfg.hidden_size
         self.spec = spec
         n = len(spec.feature_layers)

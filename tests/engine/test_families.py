@@ -1,0 +1,146 @@
+"""THE GATE across model families (tiny random configs, fp32): every strategy alone equals greedy
+`generate()`; random Scheduler batches with mixed adapters equal each request alone; LoRA on each
+family's own projections equals its merged weights. Windowed families have a window shorter than
+prompt + generation, so drafts are rolled back across it.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import peft
+import pytest
+import torch
+from conftest import FAMILIES, WINDOW, make_tiny_family
+from schedules import STRATEGIES, alone, prompt, requests, run
+
+from specserve.engine import families, hf_internals
+from specserve.engine.decode import Engine
+from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
+from specserve.engine.lora import BASE_ADAPTER
+from specserve.engine.sampling import SamplingParams
+from specserve.engine.scheduler import BatchSettings, Scheduler
+
+pytestmark = pytest.mark.timeout(300)
+
+LORA_TARGETS = {  # each family's own module names: fused projections where it has them
+    "phi3": ("qkv_proj", "gate_up_proj", "down_proj"),
+    "gpt_neox": ("query_key_value", "dense_4h_to_h"),
+}
+ADAPTERS = ["v1", "v2", "v3"]
+MAX_NEW = 24
+
+
+def _drafters(model):
+    from conftest import _random_drafter
+
+    return {
+        "medusa": _random_drafter(model, MedusaSpec(heads=2, topk=4), seed=2, scale=0.1),
+        "eagle": _random_drafter(model, EagleSpec(feature_layers=(0, -1)), seed=3, scale=0.1),
+    }
+
+
+def _prompts() -> list[list[int]]:
+    rng = random.Random(0)
+    return [prompt(rng, 14), prompt(rng, 30)]  # both longer than WINDOW
+
+
+def _greedy(model, ids: list[int], max_new: int = MAX_NEW) -> list[int]:
+    out = model.generate(
+        torch.tensor([ids]), max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False
+    )
+    return out[0, len(ids) :].tolist()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_strategy_alone_equals_generate(family, tokenizer):
+    model = make_tiny_family(family)
+    families.family_of(model.config)
+    engine = Engine(model, tokenizer, frozenset(), drafters=_drafters(model))
+    accepted = 0
+    for ids in _prompts():
+        want = _greedy(model, ids)
+        for strategy, config in STRATEGIES.items():
+            res = engine.generate(ids, SamplingParams(max_new_tokens=MAX_NEW), strategy, config)
+            assert res.output_ids == want, (family, strategy)
+            accepted += len(ids) + MAX_NEW - res.forwards > len(ids)  # some step took a draft
+    assert accepted  # rollbacks and acceptances both happened
+
+
+def _lora_model(family: str):
+    """The family's tiny model holding three resident adapters on its own projections."""
+    base = copy.deepcopy(make_tiny_family(family, seed=1))
+    targets = list(LORA_TARGETS.get(family, ("q_proj", "v_proj", "down_proj")))
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets)
+    model = peft.get_peft_model(base, config, adapter_name=ADAPTERS[0])
+    for name in ADAPTERS[1:]:
+        model.add_adapter(name, config)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.eval()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_scheduler_batches_equal_each_request_alone(family, tokenizer):
+    """Mixed adapters and strategies, chunked prefill, joins and cancellations."""
+    model = _lora_model(family)
+    engine = Engine(model, tokenizer, frozenset(), drafters=_drafters(model))
+    reqs = requests(11, 10, ADAPTERS)
+    scheduler = Scheduler(engine, BatchSettings(max_batch=5, prefill_chunk=16))
+    seen = run(engine, scheduler, reqs)
+    checked = 0
+    for i, req in enumerate(reqs):
+        want = alone(engine, req)
+        if seen[i].get("cancelled"):
+            assert want[: len(seen[i]["ids"])] == seen[i]["ids"]
+            continue
+        assert seen[i]["ids"] == want, (family, i, req["strategy"], req["adapter"])
+        checked += 1
+    assert checked >= 6
+    assert seen[-1]["max_rows"] >= 3 and len(seen[-1]["adapters"]) >= 2
+    assert scheduler.active() == 0 and scheduler.kv.rows == 0
+
+
+@pytest.mark.parametrize("family", ["phi3", "gpt_neox", "gemma2"])
+def test_lora_on_the_familys_projections_equals_merged_weights(
+    family, tokenizer, make_adapter, merge_adapter
+):
+    base = copy.deepcopy(make_tiny_family(family, seed=1))
+    targets = LORA_TARGETS.get(family, ("q_proj", "v_proj", "down_proj"))
+    path = make_adapter("v", base, targets=targets, scale=0.5)
+    merged = merge_adapter(base, path)
+    wrapped = peft.PeftModel.from_pretrained(base, path, adapter_name="v").eval()
+    engine = Engine(wrapped, tokenizer, frozenset(), drafters=_drafters(wrapped))
+    for ids in _prompts():
+        want = _greedy(merged, ids)
+        assert want != _greedy(make_tiny_family(family, seed=1), ids)  # the adapter matters
+        for strategy, config in STRATEGIES.items():
+            params = SamplingParams(max_new_tokens=MAX_NEW)
+            res = engine.generate(ids, params, strategy, config, adapter="v")
+            assert res.output_ids == want, (family, strategy)
+            res = engine.generate(ids, params, strategy, config, adapter=BASE_ADAPTER)
+            assert res.output_ids == _greedy(make_tiny_family(family, seed=1), ids)
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_windowed_cache_stays_bounded(family, tokenizer):
+    """Windowed layers hold at most window - 1 positions after every step, however long."""
+    model = make_tiny_family(family)
+    engine = Engine(model, tokenizer, frozenset())
+    state = engine.start(_prompts()[1], SamplingParams(max_new_tokens=200), "prompt_lookup")
+    windows = hf_internals.layer_windows(model.config)
+    held = []
+    for _ in engine.stream(state):
+        held.append(max(lay.held() for lay, w in zip(state.cache.layers, windows) if w))
+    assert len(state.output_ids) == 200 and max(held) == WINDOW - 1
+    full = [lay for lay, w in zip(state.cache.layers, windows) if not w]
+    assert all(lay.get_seq_length() >= len(state.tokens) - 1 for lay in full)  # all of it
+    length = hf_internals.cache_length(state.cache)
+    assert length >= len(state.tokens) - 1
+    assert all(lay.get_seq_length() == length for lay in state.cache.layers)

@@ -1,0 +1,101 @@
+"""Random batch schedules shared by the continuous-batching gates (tests/engine/test_scheduler.py,
+test_families.py): requests over strategies and adapters that join, leave and get cancelled at
+random steps, run through a Scheduler, and the same requests decoded alone."""
+
+from __future__ import annotations
+
+import random
+
+from specserve.engine.decode import Engine
+from specserve.engine.lora import BASE_ADAPTER
+from specserve.engine.sampling import SamplingParams
+
+ADAPTERS = ["v1", "v2", "v3"]
+STRATEGIES = {
+    "ar": None,
+    "prompt_lookup": None,
+    "lookahead": {"window": 3, "ngram": 3, "guesses": 2},
+    "medusa": {"tree_size": 6},
+    "eagle": {"depth": 3, "topk": 2, "total_tokens": 6},
+}
+
+
+def prompt(rng: random.Random, n: int) -> list[int]:
+    motif = [rng.randrange(96) for _ in range(rng.randint(3, 7))]
+    return [motif[i % len(motif)] if rng.random() < 0.8 else rng.randrange(96) for i in range(n)]
+
+
+def requests(seed: int, count: int, adapters: list[str] = ADAPTERS) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        strategy = rng.choice(list(STRATEGIES))
+        out.append(
+            {
+                "prompt": prompt(rng, rng.choice([1, 5, 17, 40, 70])),
+                "strategy": strategy,
+                "adapter": rng.choice(adapters + [BASE_ADAPTER]),
+                "max_new": rng.randint(4, 24),
+                "join_at": rng.randint(0, 25),
+                "cancel_at": rng.randint(3, 30) if rng.random() < 0.15 else None,
+                "tenant": f"t{i % 3}",
+                "temperature": 0.0 if rng.random() < 0.75 else 0.9,
+                "seed": rng.randrange(1000),
+            }
+        )
+    return out
+
+
+def sampling(req: dict) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=req["max_new"], temperature=req["temperature"], seed=req["seed"]
+    )
+
+
+def alone(engine: Engine, req: dict) -> list[int]:
+    params = sampling(req)
+    state = engine.start(
+        req["prompt"], params, req["strategy"], STRATEGIES[req["strategy"]], None, req["adapter"]
+    )
+    for _ in engine.stream(state):
+        pass
+    return state.output_ids
+
+
+def run(engine, scheduler, reqs, sink_log=None) -> dict[int, dict]:
+    """Submit each request at its join step, cancel at its cancel step; step until all done."""
+    seen: dict[int, dict] = {i: {"ids": [], "finished": False} for i in range(len(reqs))}
+    seen[-1] = {"max_rows": 0, "finished": True, "adapters": set()}
+    tickets = {}
+    step = 0
+    while not all(s["finished"] for s in seen.values()):
+        for i, req in enumerate(reqs):
+            if req["join_at"] == step:
+                params = sampling(req)
+                state = engine.start(
+                    req["prompt"],
+                    params,
+                    req["strategy"],
+                    STRATEGIES[req["strategy"]],
+                    None,
+                    req["adapter"],
+                )
+
+                def sink(result, finished, i=i):
+                    if result is not None:
+                        seen[i]["ids"].extend(result.new_ids)
+                    seen[i]["finished"] = seen[i]["finished"] or finished
+
+                tickets[i] = scheduler.submit(state, req["tenant"], True, sink)
+            if req["cancel_at"] == step and i in tickets:
+                scheduler.cancel(tickets[i])
+                seen[i]["cancelled"] = True
+        scheduler.step()
+        rows = [t.state.adapter for t in scheduler.decoding]
+        seen[-1]["max_rows"] = max(seen[-1]["max_rows"], len(rows))
+        seen[-1]["adapters"] = seen[-1]["adapters"] | ({*rows} if len(rows) > 1 else set())
+        seen[-1].setdefault("caps", set()).add(scheduler.last_cap)
+        assert scheduler.reserved <= scheduler.settings.kv_tokens
+        step += 1
+        assert step < 2000, "the scheduler stopped making progress"
+    return seen
