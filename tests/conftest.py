@@ -74,22 +74,24 @@ WINDOW = 8  # sliding window of the windowed families: shorter than the prompts 
 def _family_config(family: str):
     import transformers as tf
 
-    common = dict(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        tie_word_embeddings=False,
-    )
-    hybrid = dict(
-        head_dim=16, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"]
-    )
+    common = {
+        "vocab_size": 96,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+        "tie_word_embeddings": False,
+    }
+    hybrid = {
+        "head_dim": 16,
+        "sliding_window": WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"],
+    }
     neox = {k: v for k, v in common.items() if k not in ("num_key_value_heads", "pad_token_id")}
     configs = {
         "llama": lambda: tf.LlamaConfig(**common),
@@ -98,7 +100,7 @@ def _family_config(family: str):
         "mistral": lambda: tf.MistralConfig(**common, sliding_window=WINDOW),
         "gemma2": lambda: tf.Gemma2Config(**common, **hybrid),  # soft-capping on by default
         "gemma3": lambda: tf.Gemma3TextConfig(**common, **hybrid),
-        "phi3": lambda: tf.Phi3Config(**common),
+        "phi3": lambda: tf.Phi3Config(**common, sliding_window=WINDOW),  # as Phi-3 mini (2047)
         "olmo2": lambda: tf.Olmo2Config(**common),
         "gpt_neox": lambda: tf.GPTNeoXConfig(**neox),
     }
@@ -121,7 +123,8 @@ def _tiny_family(family: str, seed: int):
 
 def make_tiny_family(family: str, seed: int = 0):
     """A tiny random causal LM of `family` (one of FAMILIES; fp32, eval), cached per argument
-    set (treat as read-only). The windowed ones (mistral, gemma2, gemma3) have window WINDOW."""
+    set (treat as read-only). The windowed ones (mistral, phi3; gemma2 and gemma3 every other
+    layer) have window WINDOW."""
     return _tiny_family(family, seed)
 
 

@@ -33,7 +33,9 @@ FAMILIES: dict[str, Family] = {
             name="Gemma 2",
             features=("hybrid sliding window", "attention and final soft-capping"),
         ),
-        Family(model_type="gemma3_text", name="Gemma 3 (text)", features=("hybrid sliding window",)),
+        Family(
+            model_type="gemma3_text", name="Gemma 3 (text)", features=("hybrid sliding window",)
+        ),
         Family(
             model_type="phi3",
             name="Phi-3",

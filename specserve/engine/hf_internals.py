@@ -14,7 +14,7 @@ import weakref
 
 import torch
 from transformers import AttentionInterface, DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -47,16 +47,17 @@ _WINDOWS: dict[int, tuple[weakref.ref, tuple[int | None, ...]]] = {}
 
 
 def _layer_windows(config) -> tuple[int | None, ...]:
+    layer_types, layer_kwargs = get_layer_types_and_kwargs(config)
     windows = []
-    for i, layer in enumerate(DynamicCache(config=config).layers):
-        if type(layer) is DynamicSlidingWindowLayer:
-            windows.append(int(layer.sliding_window))
-        elif type(layer) is DynamicLayer:
+    for i, (kind, kwargs) in enumerate(zip(layer_types, layer_kwargs, strict=True)):
+        if kind == "sliding_attention":
+            windows.append(int(kwargs["sliding_window"]))
+        elif kind == "full_attention":
             windows.append(None)
-        else:
+        else:  # chunked attention (Llama 4), linear / recurrent states, shared KV...
             raise ValueError(
-                f"layer {i} of {config.model_type}: cache layer {type(layer).__name__} is not "
-                "supported (full or sliding-window attention only)"
+                f"layer {i} of {config.model_type} has {kind} layers; the engine serves full "
+                "and sliding-window attention only"
             )
     if len({w for w in windows if w}) > 1:
         raise ValueError(f"{config.model_type}: layers with different sliding windows {windows}")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specserve.engine import hf_internals
-from specserve.engine.forward import additive_mask, build_inputs, verify_forward
+from specserve.engine.forward import additive_mask, build_inputs, verify_forward, window_allowed
 from specserve.engine.proposers.lookahead import window_layout
 from specserve.engine.tree import AuxBranch, Draft, DraftTree
 
@@ -198,3 +198,23 @@ def test_additive_mask_docstring_example():
     mask = additive_mask(torch.tensor([[True, False]]), torch.float32, "cpu")
     assert mask.tolist() == [[0.0, torch.finfo(torch.float32).min]]
     assert additive_mask(torch.tensor([[False]]), torch.bfloat16, "cpu").dtype == torch.bfloat16
+
+
+def test_window_allowed_docstring_example():
+    allowed = torch.tensor([[True, True, True]])
+    out = window_allowed(allowed, torch.tensor([3]), torch.tensor([1, 2, 3]), 2)
+    assert out.tolist() == [[False, True, True]]
+
+
+def test_window_allowed_equals_a_loop_over_every_pair():
+    """Slow reference: transformers' rule kv > q - window, pair by pair, on a batch."""
+    gen = torch.Generator().manual_seed(0)
+    allowed = torch.rand(2, 5, 9, generator=gen) < 0.7
+    query_pos = torch.randint(0, 20, (2, 5), generator=gen)
+    key_pos = torch.randint(0, 20, (2, 9), generator=gen)
+    out = window_allowed(allowed, query_pos, key_pos, 4)
+    for b in range(2):
+        for i in range(5):
+            for j in range(9):
+                near = bool(key_pos[b, j] > query_pos[b, i] - 4)
+                assert out[b, i, j].item() == (bool(allowed[b, i, j]) and near)

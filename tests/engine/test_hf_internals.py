@@ -462,3 +462,134 @@ def test_grouped_sdpa_equals_transformers_sdpa_on_a_masked_gqa_batch(tiny_llama)
         module, query, key, value, mask, row_extents=[5, 7, 7], scaling=0.25
     )
     torch.testing.assert_close(by_row, theirs, rtol=1e-5, atol=1e-6)
+
+
+# --- sliding-window layers (model families) ---
+
+
+def _windowed_config(window: int = 4):
+    from transformers import Gemma2Config
+
+    return Gemma2Config(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        sliding_window=window,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+
+
+def test_layer_windows_read_the_configs_layer_types():
+    from transformers import Llama4TextConfig, LlamaConfig, MistralConfig
+
+    assert hf_internals.layer_windows(_windowed_config(4)) == (4, None)
+    assert hf_internals.layer_windows(LlamaConfig(num_hidden_layers=2)) == (None, None)
+    assert hf_internals.layer_windows(MistralConfig(num_hidden_layers=2, sliding_window=6)) == (
+        6,
+        6,
+    )
+    assert hf_internals.window(_windowed_config(4)) == 4
+    chunked = Llama4TextConfig(num_hidden_layers=4)  # transformers caches chunks as windows
+    with pytest.raises(ValueError, match="chunked_attention"):
+        hf_internals.layer_windows(chunked)
+
+
+def test_layer_masks_one_tensor_per_type_or_the_hybrid_mapping():
+    from transformers import LlamaConfig, MistralConfig
+
+    full, windowed = torch.zeros(1, 1, 2, 5), torch.ones(1, 1, 2, 3)
+    assert hf_internals.layer_masks(LlamaConfig(num_hidden_layers=2), full, None) is full
+    mistral = MistralConfig(num_hidden_layers=2, sliding_window=3)
+    assert hf_internals.layer_masks(mistral, full, windowed) is windowed
+    both = hf_internals.layer_masks(_windowed_config(), full, windowed)
+    assert both == {"full_attention": full, "sliding_attention": windowed}
+
+
+def _entries(n: int, start: int = 0) -> torch.Tensor:
+    """[1, 1, n, 1] whose values are their positions start..start + n - 1."""
+    return torch.arange(start, start + n, dtype=torch.float32).view(1, 1, n, 1)
+
+
+def test_window_layer_docstring_example_and_mask_sizes():
+    layer = hf_internals.WindowLayer(4)
+    keys, _ = layer.update(_entries(10), _entries(10))
+    assert keys.shape[2] == 10 and layer.get_seq_length() == 10
+    layer.trim()
+    assert (layer.offset, layer.held(), layer.get_seq_length()) == (7, 3, 10)
+    assert layer.keys.flatten().tolist() == [7.0, 8.0, 9.0]
+    assert layer.get_mask_sizes(2) == (5, 7)  # 3 held + 2 new keys, the first at position 7
+    keys, _ = layer.update(_entries(2, 10), _entries(2, 10))
+    assert keys.flatten().tolist() == [7.0, 8.0, 9.0, 10.0, 11.0]  # a forward sees all of it
+
+
+def test_keep_rows_on_window_layers_equals_a_full_cache_cut_to_the_window():
+    """Slow reference: the same steps on full-attention layers, then the last window - 1."""
+    window = 4
+    cache = hf_internals.new_cache(_windowed_config(window))
+    reference = DynamicCache()
+    total = 0
+    rng = torch.Generator().manual_seed(0)
+    for step in range(8):
+        q = int(torch.randint(1, 6, (1,), generator=rng))
+        kept = sorted(
+            torch.randperm(q, generator=rng)[
+                : int(torch.randint(0, q + 1, (1,), generator=rng))
+            ].tolist()
+        )
+        new = _entries(q, 100 * step)
+        for i in range(2):
+            cache.layers[i].update(new, new)
+            reference.update(new, new, i)
+        hf_internals.keep_rows(cache, total, kept)
+        hf_internals.keep_rows(reference, total, kept)
+        total += len(kept)
+        assert hf_internals.cache_length(cache) == total == hf_internals.cache_length(reference)
+        full = reference.layers[0].keys.flatten().tolist()
+        assert cache.layers[0].keys.flatten().tolist() == full[-(window - 1) :]
+        assert (
+            cache.layers[1].keys.flatten().tolist() == reference.layers[1].keys.flatten().tolist()
+        )
+
+
+def test_append_row_places_a_trimmed_window_layer_at_its_positions():
+    config = _windowed_config(4)
+    row = hf_internals.new_cache(config)
+    for layer in row.layers:
+        layer.update(_entries(9), _entries(9))
+    hf_internals.keep_rows(row, 9, [])  # trims the window layer to positions 6, 7, 8
+    batch = hf_internals.new_batch_cache(config)
+    hf_internals.append_row(batch, row, 9)
+    assert batch.layers[0].keys.flatten().tolist() == [0.0] * 6 + [6.0, 7.0, 8.0]
+    assert batch.layers[1].keys.flatten().tolist() == _entries(9).flatten().tolist()
+
+
+@pytest.mark.parametrize(("keyword", "value"), [("softcap", 50.0), ("s_aux", torch.zeros(2))])
+def test_row_attention_refuses_a_keyword_it_does_not_implement(tiny_llama, keyword, value):
+    attention = tiny_llama(0).model.layers[0].self_attn
+    q = k = v = torch.zeros(1, 4, 3, 16)
+    mask = torch.zeros(1, 1, 3, 3)
+    with pytest.raises(hf_internals.UnsupportedAttention, match=keyword):
+        hf_internals._row_attention(attention, q, k, v, mask, scaling=0.25, **{keyword: value})
+    out, _ = hf_internals._row_attention(attention, q, k, v, mask, scaling=0.25, sliding_window=8)
+    assert out.shape == (1, 3, 4, 16)
+
+
+def test_backbone_accessors_on_gpt_neox():
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+    from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXLayer
+
+    config = GPTNeoXConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+    )
+    model = GPTNeoXForCausalLM(config).eval()
+    assert hf_internals.final_norm(model) is model.gpt_neox.final_layer_norm
+    assert isinstance(hf_internals.decoder_layer(model), GPTNeoXLayer)
+    assert hf_internals._layer_cache_keyword(GPTNeoXLayer) == "layer_past"
