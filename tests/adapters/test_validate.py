@@ -204,3 +204,28 @@ def test_every_refusal_has_its_own_code():
     ]
     codes = [c.code for c in classes]
     assert len(classes) >= 10 and len(set(codes)) == len(codes)
+
+
+@pytest.mark.parametrize(
+    ("family", "own", "foreign"),
+    [
+        ("phi3", ("qkv_proj", "gate_up_proj"), ("q_proj", "v_proj")),
+        ("gpt_neox", ("query_key_value", "dense_4h_to_h"), ("q_proj",)),
+        ("gemma2", ("q_proj", "down_proj"), ("qkv_proj",)),
+    ],
+)
+def test_targets_are_checked_against_the_familys_own_module_names(
+    family, own, foreign, make_adapter, limits
+):
+    """An adapter on the family's real (fused) projections passes; one trained for another
+    layout is refused with the names the base has."""
+    from conftest import make_tiny_family
+
+    base = make_tiny_family(family)
+    spec = BaseModelSpec.of(base, [BASE])
+    checked = validate_adapter(make_adapter("own", base, targets=own), spec, limits)
+    assert checked.target_modules == tuple(sorted(own))
+    foreign_dir = make_adapter("foreign", base, targets=own)
+    _edit_config(foreign_dir, target_modules=list(foreign))
+    with pytest.raises(errors.TargetModuleError, match=f"{foreign[0]}.*{own[0]}"):
+        validate_adapter(foreign_dir, spec, limits)

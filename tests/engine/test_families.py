@@ -144,3 +144,40 @@ def test_windowed_cache_stays_bounded(family, tokenizer):
     length = hf_internals.cache_length(state.cache)
     assert length >= len(state.tokens) - 1
     assert all(lay.get_seq_length() == length for lay in state.cache.layers)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_loads_from_a_hugging_face_directory(family, tmp_path, tiny_hf_tokenizer):
+    from specserve.engine.models import load_model
+
+    make_tiny_family(family).save_pretrained(tmp_path)
+    tiny_hf_tokenizer.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), device="cpu", dtype="float32")
+    assert type(loaded.model) is type(make_tiny_family(family))
+    ids = _prompts()[0]
+    engine = Engine.from_loaded(loaded)
+    res = engine.generate(ids, SamplingParams(max_new_tokens=8, ignore_eos=True), "prompt_lookup")
+    assert res.output_ids == _greedy(make_tiny_family(family), ids, 8)
+
+
+def _bloom():
+    from transformers import BloomConfig, BloomForCausalLM
+
+    config = BloomConfig(vocab_size=64, hidden_size=16, n_layer=1, n_head=2)
+    return BloomForCausalLM(config).eval()
+
+
+def test_an_unsupported_architecture_is_refused_with_the_supported_list(tmp_path, tokenizer):
+    from specserve.engine.models import ModelLoadError, load_model
+
+    with pytest.raises(families.UnsupportedModel, match="'bloom' is not supported.*gemma2"):
+        Engine(_bloom(), tokenizer, frozenset())
+    _bloom().save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="'bloom' is not supported; supported: llama"):
+        load_model(str(tmp_path), device="cpu", dtype="float32")
+
+
+def test_the_supported_list_is_the_gate_list():
+    """Every family the registry admits is one THE GATE above runs."""
+    gated = {make_tiny_family(f).config.model_type for f in FAMILIES}
+    assert gated == set(families.FAMILIES)

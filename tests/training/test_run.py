@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from conftest import FAMILIES
 
 from specserve.engine.drafters.artifact import DrafterMismatchError, load_drafter
 from specserve.training.run import DrafterTrainSettings, train_drafter
@@ -54,3 +55,47 @@ def test_train_on_adapter_variant(tmp_path, tiny_llama, lora_target, tiny_hf_tok
     assert load_drafter(tmp_path / kind, lora_target, "tiny-lora", ADAPTER).kind == kind
     with pytest.raises(DrafterMismatchError, match="adapter differs"):
         load_drafter(tmp_path / kind, tiny_llama(1, init_range=0.1), "tiny", None)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama"])  # llama: above
+def test_drafters_train_and_decode_exactly_on_each_family(
+    tmp_path, tiny_hf_tokenizer, tokenizer, family, kind
+):
+    """Medusa heads and the EAGLE layer (the family's own decoder-layer class) train on each
+    family, load for it, and decode what greedy `generate()` gives."""
+    import torch
+    from conftest import make_tiny_family
+
+    from specserve.engine.decode import Engine
+    from specserve.engine.sampling import SamplingParams
+
+    model = make_tiny_family(family, seed=1)
+    settings = DrafterTrainSettings(
+        kind=kind,
+        budget_minutes=0.05,
+        prompts=16,
+        heldout=2,
+        max_new_tokens=8,
+        gen_batch=8,
+        eval_seconds=0,
+        tau_prompts=2,
+    )
+    drafter = train_drafter(
+        model,
+        tiny_hf_tokenizer,
+        "tiny",
+        frozenset({2}),
+        tmp_path / kind,
+        settings,
+        data_dir=tmp_path / "data",
+    )
+    assert drafter.manifest.training["examples"] >= 10 and drafter.manifest.heldout_tau >= 1.0
+    loaded = load_drafter(tmp_path / kind, model, "tiny", None)
+    ids = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]  # longer than the windowed families' window
+    want = model.generate(
+        torch.tensor([ids]), max_new_tokens=20, min_new_tokens=20, do_sample=False
+    )
+    engine = Engine(model, tokenizer, frozenset(), drafters={kind: loaded})
+    res = engine.generate(ids, SamplingParams(max_new_tokens=20), kind)
+    assert res.output_ids == want[0, len(ids) :].tolist()
