@@ -130,3 +130,39 @@ def test_drafter_sampling_matches_ar(drafter_engine, ar_samples, kind):
     assert tau > 1.05
     pvals = _pvalues(ar_samples, spec)
     assert min(pvals.values()) > ALPHA, pvals
+
+
+@pytest.fixture(scope="module")
+def windowed_engine(tokenizer):
+    """A Mistral whose sliding window (4) is shorter than the prompt: every draft is verified
+    and rolled back on window layers that already dropped positions."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.3,
+        sliding_window=4,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(3)
+    model = MistralForCausalLM(config).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return Engine(model, tokenizer, frozenset())
+
+
+def test_lookahead_sampling_matches_ar_on_a_windowed_model(windowed_engine):
+    ar, tau = _sample(windowed_engine, "ar", seeds=range(10**6, 10**6 + N))
+    assert tau == 1.0
+    spec, tau = _sample(windowed_engine, "lookahead", LOOKAHEAD)
+    assert tau > 1.05
+    pvals = _pvalues(ar, spec)
+    assert min(pvals.values()) > ALPHA, pvals
