@@ -191,13 +191,16 @@ def _call(fn, model, cache, tokens, keep, features, past=CONTEXT - 1):
     """`fn` over `verify_forward`'s layout of `tokens` (pending token + a chain draft) after
     `past` cached positions, which are all that remain after; the logits of the last `keep`
     verified rows."""
-    from specserve.engine.forward import additive_mask, build_inputs  # forward imports this
+    from specserve.engine.forward import attention_masks, build_inputs  # forward imports this
 
     chain = DraftTree(tuple(tokens[1:]), tuple(range(-1, len(tokens) - 2)))
     inputs = build_inputs(past, tokens[:1] if past else tokens, Draft(chain) if past else Draft())
     device = model.device
     q = inputs.input_ids.shape[1]
-    mask = None if q == 1 else additive_mask(inputs.allowed, model.dtype, device)[None, None]
+    offset = hf_internals.window_offset(cache)
+    mask = (
+        None if q == 1 else attention_masks(model.config, inputs, past, offset, model.dtype, device)
+    )
     out = fn(
         input_ids=inputs.input_ids.to(device),
         position_ids=inputs.position_ids.to(device),

@@ -20,6 +20,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
+from specserve.engine import families
 from specserve.engine.prompts import encode_messages
 
 IGNORE = -100  # label of tokens that carry no loss (prompt, padding)
@@ -35,7 +36,8 @@ class FinetuneConfig(BaseModel):
     rank: int = Field(8, gt=0)
     alpha: float = Field(16.0, gt=0)
     dropout: float = Field(0.05, ge=0, lt=1)
-    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    # None: the model family's attention projections (`families.Family.lora_targets`)
+    target_modules: list[str] | None = None
     learning_rate: float = Field(1e-3, gt=0)
     batch_size: int = Field(4, gt=0)
     block_size: int = Field(256, gt=8)
@@ -165,7 +167,7 @@ def finetune(
         r=config.rank,
         lora_alpha=config.alpha,
         lora_dropout=config.dropout,
-        target_modules=config.target_modules,
+        target_modules=config.target_modules or list(families.family_of(model.config).lora_targets),
         task_type="CAUSAL_LM",
     )
     base_dtype = str(model.dtype)

@@ -163,3 +163,19 @@ def test_finetune_on_a_bf16_base_learns_with_float32_lora_weights(tiny_llama, tm
     engine = Engine(resident.model, SpaceTokenizer(), frozenset())
     variant = engine.generate(PATTERN[:8], SamplingParams(max_new_tokens=12), "ar").output_ids
     assert variant == (PATTERN * 3)[8:20]
+
+
+@pytest.mark.parametrize(
+    ("family", "targets"),
+    [("phi3", ("o_proj", "qkv_proj")), ("gpt_neox", ("dense", "query_key_value"))],
+)
+def test_default_targets_are_the_familys_own_projections(family, targets, tmp_path):
+    from conftest import make_tiny_family
+
+    base = copy.deepcopy(make_tiny_family(family))
+    examples = [Example(list(range(1, 30)), list(range(1, 30)))] * 4
+    config = FinetuneConfig(epochs=1, held_out_fraction=0.0)
+    out = tmp_path / "adapters" / family
+    finetune(base, SpaceTokenizer(), examples, config, out, family, {})
+    spec = BaseModelSpec.of(make_tiny_family(family), [family])
+    assert validate_adapter(out, spec, AdapterLimits(root=out.parent)).target_modules == targets
