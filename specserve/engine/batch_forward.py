@@ -33,8 +33,9 @@ class BatchRow:
 class BatchInputs:
     input_ids: torch.Tensor  # [b, q]
     position_ids: torch.Tensor  # [b, q]
-    allowed: torch.Tensor  # [b, q, columns] bool
+    allowed: torch.Tensor  # [b, q, columns] bool, in the columns of the `visible` given
     logit_rows: list[list[int]]  # per row: its query rows whose logits the verifier reads
+    blocks: torch.Tensor  # [b, q, q] bool: what each query row sees of its own row's new block
 
 
 def batch_width(rows: list[BatchRow], pad_to: int = 0) -> int:
@@ -53,16 +54,27 @@ def build_batch_inputs(
     and 2): row 0's padding query sees its held columns 0, 1 and itself (3); row 1's draft
     token sees 1, 2, its pending token (3) and itself (4).
     """
-    ids, positions, logit_rows = [], [], []
-    allowed = torch.zeros(len(rows), q, visible.shape[1], dtype=torch.bool)
-    for b, (row, start) in enumerate(zip(rows, starts, strict=True)):
+    ids, positions, logit_rows, blocks = [], [], [], []
+    for row in rows:
         single = build_inputs(row.past, row.pending, row.draft, pad_to=q)
         ids.append(single.input_ids[0])
         positions.append(single.position_ids[0])
         logit_rows.append(single.logit_rows.tolist())
-        allowed[b, :, :start] = visible[b, :start]
-        allowed[b, :, start : start + q] = single.allowed[:, row.past :]
-    return BatchInputs(torch.stack(ids), torch.stack(positions), allowed, logit_rows)
+        blocks.append(single.allowed[:, row.past :])
+    blocks = torch.stack(blocks)  # [b, q, q]
+    allowed = allowed_in(visible, starts, blocks)
+    return BatchInputs(torch.stack(ids), torch.stack(positions), allowed, logit_rows, blocks)
+
+
+def allowed_in(visible: torch.Tensor, starts: list[int], blocks: torch.Tensor) -> torch.Tensor:
+    """[b, q, columns]: row b's query rows see its held columns before starts[b] and, at
+    [starts[b], starts[b] + q), what `blocks[b]` [q, q] allows of its new block."""
+    b, q, _ = blocks.shape
+    allowed = torch.zeros(b, q, visible.shape[1], dtype=torch.bool)
+    for i, start in enumerate(starts):
+        allowed[i, :, :start] = visible[i, :start]
+        allowed[i, :, start : start + q] = blocks[i]
+    return allowed
 
 
 @torch.inference_mode()
@@ -80,7 +92,7 @@ def verify_batch_forward(
     inputs = build_batch_inputs(rows, kv.visible, starts, q)
     extents = kv.extents(q)
     device = model.device
-    mask = batch_masks(model.config, inputs, kv.visible, starts, model.dtype, device)
+    mask = batch_masks(model.config, inputs, kv, model.dtype, device)
     keep = sorted({r for per_row in inputs.logit_rows for r in per_row})
     layers = tuple(sorted({layer for row in rows for layer in row.feature_layers}))
     with lora_rows(model, [row.adapter for row in rows]):
@@ -102,32 +114,22 @@ def verify_batch_forward(
     ]
 
 
-def batch_masks(config, inputs: BatchInputs, visible, starts: list[int], dtype, device):
-    """The `attention_mask` argument: the 4D additive mask [b, 1, q, columns] of `inputs` and,
-    for sliding-window layers, the same narrowed to each query's window (column positions: a
-    row's held columns count 0, 1, ... in order; its new block has the query positions)."""
-    full = additive_mask(inputs.allowed, dtype, device)  # [b, q, columns]
-    window = hf_internals.window(config)
-    if window is None:
-        return full[:, None]
-    key_pos = column_positions(visible, starts, inputs.position_ids)  # [b, columns]
-    allowed = window_allowed(inputs.allowed, inputs.position_ids, key_pos, window)
-    windowed = additive_mask(allowed, dtype, device)
-    return hf_internals.layer_masks(config, full[:, None], windowed[:, None])
-
-
-def column_positions(
-    visible: torch.Tensor, starts: list[int], position_ids: torch.Tensor
-) -> torch.Tensor:
-    """[b, columns]: the position each row's column holds (held columns before the row's start
-    count 0, 1, ...; the new block [start, start + q) takes `position_ids` [b, q]; others are
-    never attended). Example: visible [[T, F, T, F, F]], starts [3], position_ids [[2, 3]] ->
-    [[0, 0, 1, 2, 3]]."""
-    positions = visible.long().cumsum(dim=1) - 1  # [b, columns]
-    q = position_ids.shape[1]
-    for b, start in enumerate(starts):
-        positions[b, start : start + q] = position_ids[b]
-    return positions
+def batch_masks(config, inputs: BatchInputs, kv: BatchKV, dtype, device):
+    """The `attention_mask` argument: per layer group of `kv` (after `begin`), the 4D additive
+    mask [b, 1, q, columns] of what each query row may attend, for window groups narrowed to
+    each query's window (`forward.window_allowed` over the columns' positions)."""
+    full = windowed = None
+    for group in kv.groups:
+        allowed = inputs.allowed if group is kv.groups[0] else None
+        if allowed is None:
+            allowed = allowed_in(group.visible, group.starts, inputs.blocks)
+        if group.window is None:
+            full = additive_mask(allowed, dtype, device)[:, None]
+            continue
+        key_pos = group.positions(inputs.position_ids)  # [b, columns]
+        allowed = window_allowed(allowed, inputs.position_ids, key_pos, group.window)
+        windowed = additive_mask(allowed, dtype, device)[:, None]
+    return hf_internals.layer_masks(config, full, windowed)
 
 
 def _padded_q(rows: list[BatchRow], pad_width: Callable[[int], int] | None) -> int:

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import inspect
 import weakref
+from collections.abc import Sequence
 
 import torch
 from transformers import AttentionInterface, DynamicCache
@@ -255,11 +256,17 @@ def _per_entry(columns: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
     return columns[:, None, :, None].expand(b, h, q, d)
 
 
-def set_write_columns(cache: DynamicCache, columns: list[int] | None) -> None:
+def set_write_columns(
+    cache: DynamicCache, columns: list[int] | None, layers: Sequence[int] | None = None
+) -> None:
     """The next forward writes batch row b's entries from column columns[b] on (None: all rows
-    after the used part). Only for a cache where `row_writes(cache)` holds."""
-    for layer in cache.layers:
-        layer.write_at = columns
+    after the used part), in `layers` (indices; None: all). Only where `row_writes(cache)`."""
+    for i in _indices(cache, layers):
+        cache.layers[i].write_at = columns
+
+
+def _indices(cache: DynamicCache, layers: Sequence[int] | None) -> Sequence[int]:
+    return range(len(cache.layers)) if layers is None else layers
 
 
 def row_writes(cache: DynamicCache) -> bool:
@@ -276,43 +283,59 @@ def new_batch_cache(config) -> DynamicCache:
 
 
 @torch.inference_mode()
-def append_row(cache: DynamicCache, row_cache: DynamicCache, length: int) -> None:
-    """Add `row_cache`'s first `length` positions as a new batch row of `cache` (batch 1 there).
+def append_row(
+    cache: DynamicCache,
+    row_cache: DynamicCache,
+    length: int,
+    layers: Sequence[int] | None = None,
+    first: int = 0,
+) -> None:
+    """Add `row_cache`'s positions [first, length) as a new batch row of `cache` (batch 1 there)
+    in `layers` (indices; None: all), at columns 0, 1, ...
 
     Rows are right-padded with zeros to the longer of the two; the caller masks padding out.
     Example: cache [2 rows, 5 positions] + a row of 7 -> [3 rows, 7 positions].
     """
-    for layer, src in zip(cache.layers, row_cache.layers, strict=True):
-        keys, values = _row_entries(src, length)
+    for i in _indices(cache, layers):
+        layer = cache.layers[i]
+        keys, values = _row_entries(row_cache.layers[i], first, length)
         if not layer.is_initialized or layer.keys.numel() == 0:
             layer.lazy_initialization(keys, values)
             layer.keys, layer.values = keys.clone(), values.clone()
             continue
-        width = max(layer.keys.shape[2], length)
+        width = max(layer.keys.shape[2], keys.shape[2])
         new_keys = torch.cat([_pad_to(layer.keys, width), _pad_to(keys, width)], dim=0)
         new_values = torch.cat([_pad_to(layer.values, width), _pad_to(values, width)], dim=0)
         layer.keys, layer.values = new_keys, new_values
 
 
 @torch.inference_mode()
-def write_row(cache: DynamicCache, row: int, row_cache: DynamicCache, length: int) -> None:
-    """Overwrite batch row `row`'s first `length` positions with `row_cache`'s (batch 1 there),
-    in place; the caller hides the row's other positions. Requires length <= the cache's."""
-    for layer, src in zip(cache.layers, row_cache.layers, strict=True):
-        keys, values = _row_entries(src, length)
-        layer.keys[row, :, :length] = keys[0]
-        layer.values[row, :, :length] = values[0]
+def write_row(
+    cache: DynamicCache,
+    row: int,
+    row_cache: DynamicCache,
+    length: int,
+    layers: Sequence[int] | None = None,
+    first: int = 0,
+) -> None:
+    """Overwrite batch row `row`'s first columns with `row_cache`'s positions [first, length)
+    (batch 1 there) in `layers`, in place; the caller hides the row's other columns. Requires
+    length - first <= the cache's columns."""
+    for i in _indices(cache, layers):
+        layer = cache.layers[i]
+        keys, values = _row_entries(row_cache.layers[i], first, length)
+        layer.keys[row, :, : length - first] = keys[0]
+        layer.values[row, :, : length - first] = values[0]
 
 
-def _row_entries(layer, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A request cache layer's first `length` positions as [1, h, length, d] keys and values; a
-    `WindowLayer`'s dropped positions are zeros (outside every later query's window)."""
+def _row_entries(layer, first: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A request cache layer's positions [first, length) as [1, h, length - first, d] keys and
+    values (a `WindowLayer` holds positions from its offset on; asking for older ones raises)."""
     offset = layer.offset if isinstance(layer, WindowLayer) else 0
-    keys, values = layer.keys[:, :, : length - offset], layer.values[:, :, : length - offset]
-    if offset:
-        keys = torch.nn.functional.pad(keys, (0, 0, offset, 0))
-        values = torch.nn.functional.pad(values, (0, 0, offset, 0))
-    return keys, values
+    if first < offset:
+        raise ValueError(f"positions from {first} asked of a window layer holding {offset} on")
+    cols = slice(first - offset, length - offset)
+    return layer.keys[:, :, cols], layer.values[:, :, cols]
 
 
 def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -322,13 +345,20 @@ def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def gather_rows(cache: DynamicCache, rows: torch.Tensor, columns: torch.Tensor) -> None:
-    """Keep batch rows `rows` [b'] and, for kept row i, positions `columns[i]` [b', n'] in order.
+def gather_rows(
+    cache: DynamicCache,
+    rows: torch.Tensor,
+    columns: torch.Tensor,
+    layers: Sequence[int] | None = None,
+) -> None:
+    """Keep batch rows `rows` [b'] and, for kept row i, columns `columns[i]` [b', n'] in order,
+    in `layers` (indices; None: all).
 
     Example: rows [2, 0], columns [[0, 3], [1, 1]] leaves 2 rows of 2 positions: old row 2's
     positions 0 and 3, then old row 0's position 1 twice (repeats are how callers pad).
     """
-    for layer in cache.layers:
+    for i in _indices(cache, layers):
+        layer = cache.layers[i]
         if not layer.is_initialized or layer.keys.numel() == 0:
             continue
         device = layer.keys.device
@@ -380,8 +410,11 @@ def _row_attention(module, query, key, value, attention_mask, row_extents=None, 
     attends its own key columns [0, e_b) only, so short rows skip the long rows' padding; on CPU
     through torch's sdpa with grouped-query heads (transformers would copy every key/value head
     group there), elsewhere through transformers' sdpa. Returns ([b, q, heads, d], None).
+    `row_extents` may be {layer type: extents} when the layer groups have their own columns.
     Keywords outside `_ATTENTION_KWARGS` raise `UnsupportedAttention`, never pass silently."""
     _check_attention_kwargs(module, kwargs)
+    if isinstance(row_extents, dict):  # one list per layer type (`BatchKV.extents`)
+        row_extents = row_extents[layer_type(module)]
     if attention_mask is None:
         return sdpa_attention_forward(module, query, key, value, None, **kwargs)
     attend = _grouped_sdpa if query.device.type == "cpu" else _transformers_sdpa
@@ -399,6 +432,13 @@ def _row_attention(module, query, key, value, attention_mask, row_extents=None, 
         for b, e in enumerate(row_extents)
     ]
     return torch.cat(outs), None
+
+
+def layer_type(attention) -> str:
+    """ "sliding_attention" or "full_attention": the kind of the layer an attention module is
+    in (from its config and `layer_idx`, as every transformers attention module has them)."""
+    windowed = layer_windows(attention.config)[attention.layer_idx] is not None
+    return "sliding_attention" if windowed else "full_attention"
 
 
 def _grouped_sdpa(module, query, key, value, mask, scaling=None, dropout=0.0, **_) -> torch.Tensor:

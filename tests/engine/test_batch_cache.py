@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specserve.engine import hf_internals
-from specserve.engine.batch_cache import BatchKV
+from specserve.engine.batch_cache import BatchKV, column_positions
 
 
 @torch.inference_mode()
@@ -243,3 +243,71 @@ def test_compact_to_zero_rows_then_reuse(model):
         assert layer.keys.shape[0] == 1
         assert torch.equal(layer.keys, s.keys[:, :, :3])
         assert torch.equal(layer.values, s.values[:, :, :3])
+
+
+def test_column_positions_docstring_example():
+    visible = torch.tensor([[True, False, True, False, False]])
+    out = column_positions(visible, [3], torch.tensor([[2, 3]]))
+    assert out.tolist() == [[0, 0, 1, 2, 3]]
+    assert column_positions(visible, [3], torch.tensor([[2, 3]]), [5]).tolist() == [[5, 5, 6, 2, 3]]
+
+
+def test_column_positions_of_held_columns_count_up_per_row():
+    """Reference: a row's k-th held column (in column order) holds position k."""
+    gen = torch.Generator().manual_seed(1)
+    visible = torch.rand(3, 12, generator=gen) < 0.5
+    starts = [12, 12, 12]  # every new block after the common end (not ragged)
+    visible = torch.cat([visible, torch.zeros(3, 2, dtype=torch.bool)], 1)
+    position_ids = torch.tensor([[5, 6], [7, 7], [1, 2]])
+    out = column_positions(visible, starts, position_ids)
+    for b in range(3):
+        held = visible[b, :12].nonzero().flatten().tolist()
+        assert [out[b, c].item() for c in held] == list(range(len(held)))
+        assert out[b, 12:].tolist() == position_ids[b].tolist()
+
+
+def _hybrid_model():
+    from conftest import make_tiny_family
+
+    return make_tiny_family("gemma2")  # layer 0 sliding (window 8), layer 1 full
+
+
+def test_a_window_group_keeps_each_rows_last_window_positions():
+    """Gemma 2: a full group (layer 1) and a window group (layer 0) with their own columns;
+    rows join holding only what the window still sees, and compaction drops what it left."""
+    model = _hybrid_model()
+    kv = BatchKV(model.config)
+    kv.add(_filled(model, list(range(20))), 20)
+    kv.add(_filled(model, [3, 4, 5]), 3)
+    full, windowed = kv.groups
+    assert (full.layers, full.window, windowed.layers, windowed.window) == ((1,), None, (0,), 8)
+    assert kv.lengths() == [20, 3] and windowed.offsets == [13, 0]
+    assert (full.columns, windowed.columns) == (20, 7)
+    assert kv.cache.layers[0].keys.shape[2] == 7 and kv.cache.layers[1].keys.shape[2] == 20
+    for step in range(4):  # each row keeps 2 of 3 new columns
+        _forward(kv, 3, seed=step)
+        for row in range(2):
+            kv.keep(row, [0, 2])
+    assert kv.lengths() == [28, 11] and windowed.columns == 7 + 4 * 3
+    snapshot = kv.cache.layers[0].keys.clone()
+    held = [windowed.visible[r].nonzero().flatten()[-7:] for r in range(2)]
+    kv.compact([1, 0])
+    full, windowed = kv.groups
+    assert kv.lengths() == [11, 28] and windowed.offsets == [4, 21]
+    assert windowed.columns == 7 and full.columns == 28
+    for i, r in enumerate([1, 0]):
+        assert torch.equal(kv.cache.layers[0].keys[i], snapshot[r][:, held[r]])
+
+
+def test_a_window_group_past_twice_its_window_asks_for_compaction():
+    model = _hybrid_model()
+    kv = BatchKV(model.config)
+    kv.add(_filled(model, list(range(10))), 10)
+    step = 0
+    while not kv.needs_compaction():
+        _forward(kv, 2, seed=step)
+        kv.keep(0, [0, 1])
+        step += 1
+    assert kv.groups[1].columns > 2 * 7 + 16 and kv.wasted() == 0.0
+    kv.compact([0])
+    assert kv.groups[1].columns == 7 and not kv.needs_compaction()

@@ -15,7 +15,6 @@ from specserve.engine.batch_forward import (
     _padded_q,
     batch_width,
     build_batch_inputs,
-    column_positions,
     verify_batch_forward,
 )
 from specserve.engine.forward import verify_forward
@@ -106,23 +105,3 @@ def test_three_steps_of_a_ragged_batch_equal_each_row_alone(tiny_llama, ragged, 
             kv.keep(b, [0, 1 + 1])  # pending token and draft node 1 (not node 0): a hole
             hf_internals.keep_rows(singles[b], past, [0, 1 + 1])
             tokens[b] += [12, 20 + step]
-
-
-def test_column_positions_docstring_example():
-    visible = torch.tensor([[True, False, True, False, False]])
-    out = column_positions(visible, [3], torch.tensor([[2, 3]]))
-    assert out.tolist() == [[0, 0, 1, 2, 3]]
-
-
-def test_column_positions_of_held_columns_count_up_per_row():
-    """Reference: a row's k-th held column (in column order) holds position k."""
-    gen = torch.Generator().manual_seed(1)
-    visible = torch.rand(3, 12, generator=gen) < 0.5
-    starts = [12, 12, 12]  # every new block after the common end (not ragged)
-    visible = torch.cat([visible, torch.zeros(3, 2, dtype=torch.bool)], 1)
-    position_ids = torch.tensor([[5, 6], [7, 7], [1, 2]])
-    out = column_positions(visible, starts, position_ids)
-    for b in range(3):
-        held = visible[b, :12].nonzero().flatten().tolist()
-        assert [out[b, c].item() for c in held] == list(range(len(held)))
-        assert out[b, 12:].tolist() == position_ids[b].tolist()

@@ -181,3 +181,44 @@ def test_the_supported_list_is_the_gate_list():
     """Every family the registry admits is one THE GATE above runs."""
     gated = {make_tiny_family(f).config.model_type for f in FAMILIES}
     assert gated == set(families.FAMILIES)
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3"])
+def test_batched_window_layers_stay_bounded_and_exact(family, tokenizer):
+    """Long generations in a batch: a window group's columns stay near its window (compacted
+    when it holds twice that) while full-attention layers hold everything; outputs as alone."""
+    model = make_tiny_family(family)
+    engine = Engine(model, tokenizer, frozenset())
+    scheduler = Scheduler(engine, BatchSettings(max_batch=3, prefill_chunk=64))
+    reqs = [
+        {"prompt": ids, "strategy": s, "max_new": 120, "adapter": None}
+        for ids, s in zip(_prompts() + [_prompts()[0][:9]], ["prompt_lookup", "lookahead", "ar"])
+    ]
+    outs = {}
+    for i, req in enumerate(reqs):
+        state = engine.start(
+            req["prompt"],
+            SamplingParams(max_new_tokens=120),
+            req["strategy"],
+            STRATEGIES[req["strategy"]],
+        )
+        outs[i] = []
+        scheduler.submit(state, "t", True, lambda r, done, i=i: r and outs[i].extend(r.new_ids))
+    window_columns, full_columns = [], []
+    while scheduler.active():
+        scheduler.step()
+        for g in scheduler.kv.groups:
+            (full_columns if g.window is None else window_columns).append(g.columns)
+    assert max(window_columns) <= 2 * (WINDOW - 1) + 16 + 8  # + one forward's new columns
+    if family == "gemma3":
+        assert max(full_columns) >= 120
+    for i, req in enumerate(reqs):
+        state = engine.start(
+            req["prompt"],
+            SamplingParams(max_new_tokens=120),
+            req["strategy"],
+            STRATEGIES[req["strategy"]],
+        )
+        for _ in engine.stream(state):
+            pass
+        assert outs[i] == state.output_ids == _greedy(model, req["prompt"], 120)

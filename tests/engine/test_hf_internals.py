@@ -555,16 +555,19 @@ def test_keep_rows_on_window_layers_equals_a_full_cache_cut_to_the_window():
         )
 
 
-def test_append_row_places_a_trimmed_window_layer_at_its_positions():
+def test_append_row_takes_a_window_layers_held_positions_into_its_layers_only():
     config = _windowed_config(4)
     row = hf_internals.new_cache(config)
     for layer in row.layers:
         layer.update(_entries(9), _entries(9))
     hf_internals.keep_rows(row, 9, [])  # trims the window layer to positions 6, 7, 8
     batch = hf_internals.new_batch_cache(config)
-    hf_internals.append_row(batch, row, 9)
-    assert batch.layers[0].keys.flatten().tolist() == [0.0] * 6 + [6.0, 7.0, 8.0]
+    hf_internals.append_row(batch, row, 9, layers=[0], first=6)
+    hf_internals.append_row(batch, row, 9, layers=[1])
+    assert batch.layers[0].keys.flatten().tolist() == [6.0, 7.0, 8.0]
     assert batch.layers[1].keys.flatten().tolist() == _entries(9).flatten().tolist()
+    with pytest.raises(ValueError, match="holding 6 on"):  # what the window dropped is gone
+        hf_internals.append_row(batch, row, 9, layers=[0], first=5)
 
 
 @pytest.mark.parametrize(("keyword", "value"), [("softcap", 50.0), ("s_aux", torch.zeros(2))])
