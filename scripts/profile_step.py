@@ -31,7 +31,7 @@ PARTS = {  # label -> (file suffix, function name) whose cumulative time is repo
     "propose": ("engine/decode.py", "propose"),
     "accept": ("engine/decode.py", "accept"),
     "commit": ("engine/decode.py", "commit"),
-    "keep_rows": ("engine/hf_internals.py", "keep_rows"),
+    "keep_rows": ("engine/hf_internals/cache.py", "keep_rows"),
     "text stream": ("engine/textstream.py", "push"),
 }
 

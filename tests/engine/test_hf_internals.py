@@ -9,10 +9,11 @@ import inspect
 import peft
 import pytest
 import torch
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
 
 from specserve.engine import hf_internals
 from specserve.engine.forward import verify_forward
+from specserve.engine.hf_internals import attention, backbone
 from specserve.engine.tree import Draft, DraftTree
 
 ATOL = 1e-5
@@ -410,7 +411,7 @@ def test_row_attention_gets_row_extents_through_the_model_and_a_peft_wrapper(tin
     assert hf_internals.enable_row_attention(model)
     assert model.config._attn_implementation == hf_internals.ROW_ATTENTION
     seen = []
-    real = hf_internals._row_attention
+    real = attention._row_attention
 
     def spy(*args, row_extents=None, **kwargs):
         seen.append(row_extents)
@@ -420,7 +421,7 @@ def test_row_attention_gets_row_extents_through_the_model_and_a_peft_wrapper(tin
     mask = torch.zeros(2, 1, 4, 4)
     mask[:, :, torch.ones(4, 4, dtype=torch.bool).triu(1)] = torch.finfo(torch.float32).min
     mask[1, :, 2:, 0] = torch.finfo(torch.float32).min  # row 1's later queries skip column 0
-    hf_internals.AttentionInterface.register(hf_internals.ROW_ATTENTION, spy)
+    AttentionInterface.register(hf_internals.ROW_ATTENTION, spy)
     try:
         with torch.inference_mode():
             rows = model(input_ids=ids, attention_mask=mask, row_extents=[4, 4]).logits
@@ -428,7 +429,7 @@ def test_row_attention_gets_row_extents_through_the_model_and_a_peft_wrapper(tin
             lora = peft.LoraConfig(r=2, target_modules=["q_proj"])
             peft.get_peft_model(model, lora)(input_ids=ids, attention_mask=mask, row_extents=[3, 4])
     finally:
-        hf_internals.AttentionInterface.register(hf_internals.ROW_ATTENTION, real)
+        AttentionInterface.register(hf_internals.ROW_ATTENTION, real)
     assert seen == [[4, 4], [4, 4], None, None, [3, 4], [3, 4]]  # 2 layers per forward
     with torch.inference_mode():
         reference = plain(input_ids=ids, attention_mask=mask).logits
@@ -454,11 +455,11 @@ def test_grouped_sdpa_equals_transformers_sdpa_on_a_masked_gqa_batch(tiny_llama)
     key, value = torch.randn(3, 2, 7, 16, generator=g), torch.randn(3, 2, 7, 16, generator=g)
     mask = torch.zeros(3, 1, 2, 7)
     mask[0, :, :, 5:] = mask[1, :, 0, 3] = torch.finfo(torch.float32).min
-    ours = hf_internals._grouped_sdpa(module, query, key, value, mask, scaling=0.25)
-    theirs = hf_internals._transformers_sdpa(module, query, key, value, mask, scaling=0.25)
+    ours = attention._grouped_sdpa(module, query, key, value, mask, scaling=0.25)
+    theirs = attention._transformers_sdpa(module, query, key, value, mask, scaling=0.25)
     assert ours.shape == (3, 2, 4, 16)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
-    by_row, _ = hf_internals._row_attention(
+    by_row, _ = attention._row_attention(
         module, query, key, value, mask, row_extents=[5, 7, 7], scaling=0.25
     )
     torch.testing.assert_close(by_row, theirs, rtol=1e-5, atol=1e-6)
@@ -572,12 +573,12 @@ def test_append_row_takes_a_window_layers_held_positions_into_its_layers_only():
 
 @pytest.mark.parametrize(("keyword", "value"), [("softcap", 50.0), ("s_aux", torch.zeros(2))])
 def test_row_attention_refuses_a_keyword_it_does_not_implement(tiny_llama, keyword, value):
-    attention = tiny_llama(0).model.layers[0].self_attn
+    module = tiny_llama(0).model.layers[0].self_attn
     q = k = v = torch.zeros(1, 4, 3, 16)
     mask = torch.zeros(1, 1, 3, 3)
     with pytest.raises(hf_internals.UnsupportedAttention, match=keyword):
-        hf_internals._row_attention(attention, q, k, v, mask, scaling=0.25, **{keyword: value})
-    out, _ = hf_internals._row_attention(attention, q, k, v, mask, scaling=0.25, sliding_window=8)
+        attention._row_attention(module, q, k, v, mask, scaling=0.25, **{keyword: value})
+    out, _ = attention._row_attention(module, q, k, v, mask, scaling=0.25, sliding_window=8)
     assert out.shape == (1, 3, 4, 16)
 
 
@@ -595,4 +596,4 @@ def test_backbone_accessors_on_gpt_neox():
     model = GPTNeoXForCausalLM(config).eval()
     assert hf_internals.final_norm(model) is model.gpt_neox.final_layer_norm
     assert isinstance(hf_internals.decoder_layer(model), GPTNeoXLayer)
-    assert hf_internals._layer_cache_keyword(GPTNeoXLayer) == "layer_past"
+    assert backbone._layer_cache_keyword(GPTNeoXLayer) == "layer_past"

@@ -1,0 +1,116 @@
+"""The row-wise attention registered with transformers' `AttentionInterface` for batches:
+each row attends its own key columns only; keywords it does not implement raise.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from specserve.engine.hf_internals.cache import layer_windows
+
+ROW_ATTENTION = "specserve_rows"
+
+
+class UnsupportedAttention(ValueError):
+    """A layer asked the row attention for a feature it does not implement."""
+
+
+# what the row attention receives and honours: the sdpa arguments; `sliding_window` (every mask
+# it gets has the window applied: the engine's own, or transformers' where the model built it;
+# none only where the window cannot bind); the layer's bookkeeping it has no use for.
+_ATTENTION_KWARGS = frozenset(
+    {
+        "dropout",
+        "scaling",
+        "is_causal",
+        "sliding_window",
+        "position_ids",
+        "use_cache",
+        "output_hidden_states",
+    }
+)
+
+
+def _check_attention_kwargs(module, kwargs: dict) -> None:
+    """Raise for any keyword the row attention would otherwise drop (soft-capping, sinks...)."""
+    unknown = sorted(k for k, v in kwargs.items() if k not in _ATTENTION_KWARGS and v is not None)
+    if unknown:
+        raise UnsupportedAttention(
+            f"{type(module).__name__} passes {', '.join(unknown)} to the attention function; "
+            f"the engine's row attention does not implement it (it handles "
+            f"{', '.join(sorted(_ATTENTION_KWARGS))})"
+        )
+
+
+def _row_attention(module, query, key, value, attention_mask, row_extents=None, **kwargs):
+    """transformers' sdpa without a mask. With one (query [b, heads, q, d], key/value
+    [b, kv_heads, columns, d], mask [b, 1, q, columns]) and given `row_extents`, each batch row
+    attends its own key columns [0, e_b) only, so short rows skip the long rows' padding; on CPU
+    through torch's sdpa with grouped-query heads (transformers would copy every key/value head
+    group there), elsewhere through transformers' sdpa. Returns ([b, q, heads, d], None).
+    `row_extents` may be {layer type: extents} when the layer groups have their own columns.
+    Keywords outside `_ATTENTION_KWARGS` raise `UnsupportedAttention`, never pass silently."""
+    _check_attention_kwargs(module, kwargs)
+    if isinstance(row_extents, dict):  # one list per layer type (`BatchKV.extents`)
+        row_extents = row_extents[layer_type(module)]
+    if attention_mask is None:
+        return sdpa_attention_forward(module, query, key, value, None, **kwargs)
+    attend = _grouped_sdpa if query.device.type == "cpu" else _transformers_sdpa
+    if row_extents is None:
+        return attend(module, query, key, value, attention_mask, **kwargs), None
+    outs = [
+        attend(
+            module,
+            query[b : b + 1],
+            key[b : b + 1, :, :e],
+            value[b : b + 1, :, :e],
+            attention_mask[b : b + 1, :, :, :e],
+            **kwargs,
+        )
+        for b, e in enumerate(row_extents)
+    ]
+    return torch.cat(outs), None
+
+
+def layer_type(attention) -> str:
+    """ "sliding_attention" or "full_attention": the kind of the layer an attention module is
+    in (from its config and `layer_idx`, as every transformers attention module has them)."""
+    windowed = layer_windows(attention.config)[attention.layer_idx] is not None
+    return "sliding_attention" if windowed else "full_attention"
+
+
+def _grouped_sdpa(module, query, key, value, mask, scaling=None, dropout=0.0, **_) -> torch.Tensor:
+    """torch's sdpa with grouped-query heads, [b, q, heads, d] (the caller checked the other
+    keywords, see `_check_attention_kwargs`; a mask is always given here, so `is_causal` is moot)."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        dropout_p=dropout,
+        scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+    return out.transpose(1, 2).contiguous()
+
+
+def _transformers_sdpa(module, query, key, value, mask, **kwargs) -> torch.Tensor:
+    """transformers' sdpa (its kernel choice for CUDA and others), [b, q, heads, d]."""
+    return sdpa_attention_forward(module, query, key, value, mask, **kwargs)[0]
+
+
+def enable_row_attention(model) -> bool:
+    """Switch an sdpa model to `ROW_ATTENTION` (sdpa unless a forward passes `row_extents`);
+    False (and nothing changed) for other attention implementations."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if base.config._attn_implementation == ROW_ATTENTION:
+        return True
+    if base.config._attn_implementation != "sdpa":
+        return False
+    AttentionInterface.register(ROW_ATTENTION, _row_attention)
+    AttentionMaskInterface.register(ROW_ATTENTION, sdpa_mask)
+    base.set_attn_implementation(ROW_ATTENTION)
+    return base.config._attn_implementation == ROW_ATTENTION

@@ -1,0 +1,290 @@
+"""The KV caches the engine runs on: a request's own (`new_cache`: one entry per committed
+position; `keep_rows` keeps the accepted nodes' entries and drops the rest; `WindowLayer` rolls
+back sliding-window layers), a batch's (`GrowingLayer`, `append_row`, `write_row`,
+`gather_rows`: each row writing at its own column).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from specserve.engine.hf_internals.windows import WindowLayer, layer_windows
+
+
+def new_cache(config) -> DynamicCache:
+    """An empty cache for a model with this config; its sliding-window layers are `WindowLayer`s
+    (they can roll back a rejected draft and keep only what a later query can see)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [
+        WindowLayer(window) if window else layer
+        for layer, window in zip(cache.layers, layer_windows(config), strict=True)
+    ]
+    return cache
+
+
+def cache_length(cache: DynamicCache) -> int:
+    """Number of positions held."""
+    return cache.get_seq_length()
+
+
+def cache_kwargs(model, cache: DynamicCache) -> dict:
+    """The forward keyword for the cache: `cache` in newer transformers, `past_key_values` before."""
+    owner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wrapper
+    return {_cache_keyword(type(owner)): cache}
+
+
+@functools.cache
+def _cache_keyword(model_type: type) -> str:
+    params = inspect.signature(model_type.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+@torch.inference_mode()
+def keep_rows(cache: DynamicCache, start: int, rows: list[int]) -> None:
+    """Keep positions [0, start) plus start + r for r in rows (ascending), in that order.
+
+    Example: length 10, start 6, rows [0, 2] leaves length 8 holding positions 0..6 and 8.
+    A `WindowLayer` then drops what no later query can see (all but its last window - 1).
+    """
+    total = cache_length(cache)
+    contiguous = rows == list(range(len(rows)))
+    for layer in cache.layers:
+        offset = layer.offset if isinstance(layer, WindowLayer) else 0  # column = position - offset
+        if not contiguous:
+            src = torch.tensor([start + r - offset for r in rows], device=layer.keys.device)
+            dst = slice(start - offset, start - offset + len(rows))
+            layer.keys[:, :, dst] = layer.keys.index_select(2, src)
+            layer.values[:, :, dst] = layer.values.index_select(2, src)
+        drop = total - (start + len(rows))
+        if drop > 0:
+            layer.crop(-drop)
+        if isinstance(layer, WindowLayer):
+            layer.trim()
+
+
+def kv_bytes(cache: DynamicCache, layers: Sequence[int] | None = None) -> int:
+    """Bytes of memory the keys and values of `layers` (indices; None: all) occupy, counting
+    whole allocations (a `GrowingLayer`'s spare capacity, the storage a trimmed view keeps)."""
+    storages = {}
+    for i in _indices(cache, layers):
+        layer = cache.layers[i]
+        for t in (layer.keys, layer.values):
+            if t is not None and t.numel():
+                storage = t.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+@torch.inference_mode()
+def make_contiguous(cache: DynamicCache) -> None:
+    """Copy each layer's entries that a crop left as a strided view into their own storage, so
+    a compiled forward (whose guards pin the strides) sees one layout. Example: after
+    `keep_rows` dropped 3 of 10 positions, keys [b, h, 7, d] with stride h * 10 * d -> h * 7 * d.
+    """
+    for layer in cache.layers:
+        if layer.keys is not None and not layer.keys.is_contiguous():
+            layer.keys = layer.keys.contiguous()
+        if layer.values is not None and not layer.values.is_contiguous():
+            layer.values = layer.values.contiguous()
+
+
+class GrowingLayer(DynamicLayer):
+    """A DynamicLayer whose `update` writes into spare capacity instead of concatenating, so a
+    step over a long batch cache does not copy all of it. `keys` / `values` are views of the
+    used part; assigning them (as `append_row` / `gather_rows` do) replaces the buffers.
+
+    With `write_at` set (`set_write_columns`), batch row b writes its q new entries at columns
+    [write_at[b], write_at[b] + q) and the used part becomes max(write_at) + q: rows of different
+    lengths each append right after their own entries (a ragged batch in one tensor)."""
+
+    def __init__(self) -> None:
+        self._k = self._v = None  # [b, h, capacity, d]
+        self._used = 0
+        self.write_at: list[int] | None = None  # per batch row; None: everyone at `_used`
+        super().__init__()
+
+    @property
+    def keys(self):
+        return None if self._k is None else self._k[:, :, : self._used]
+
+    @keys.setter
+    def keys(self, value) -> None:
+        self._k = value
+        self._used = 0 if value is None or value.dim() < 4 else value.shape[2]
+
+    @property
+    def values(self):
+        return None if self._v is None else self._v[:, :, : self._used]
+
+    @values.setter
+    def values(self, value) -> None:
+        self._v = value
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        q = key_states.shape[2]
+        starts = self.write_at or [self._used] * key_states.shape[0]
+        end = max(starts) + q
+        if self._k is None or self._k.dim() < 4:
+            self._k, self._v, self._used = key_states.new_zeros(0), value_states.new_zeros(0), 0
+            self._grow(key_states, value_states, end)
+        elif end > self._k.shape[2]:
+            self._grow(key_states, value_states, end)
+        if min(starts) == max(starts):  # one slice for every row
+            self._k[:, :, starts[0] : end] = key_states
+            self._v[:, :, starts[0] : end] = value_states
+        else:
+            columns = torch.tensor(starts, device=key_states.device)[:, None] + torch.arange(
+                q, device=key_states.device
+            )  # [b, q]
+            self._k.scatter_(2, _per_entry(columns, key_states), key_states)
+            self._v.scatter_(2, _per_entry(columns, value_states), value_states)
+        self._used = end
+        return self.keys, self.values
+
+    def _grow(self, key_states, value_states, end: int) -> None:
+        """Reallocate with room for half as much again (and 64 more) and copy the used part."""
+        b, h, _, d = key_states.shape
+        capacity = end * 3 // 2 + 64
+        k = key_states.new_empty(b, h, capacity, d)  # never read past `_used`
+        v = value_states.new_empty(b, h, capacity, value_states.shape[3])
+        if self._used:
+            k[:, :, : self._used] = self._k[:, :, : self._used]
+            v[:, :, : self._used] = self._v[:, :, : self._used]
+        self._k, self._v = k, v
+
+
+def _per_entry(columns: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """[b, q] columns -> the scatter index for states [b, h, q, d]."""
+    b, h, q, d = states.shape
+    return columns[:, None, :, None].expand(b, h, q, d)
+
+
+def set_write_columns(
+    cache: DynamicCache, columns: list[int] | None, layers: Sequence[int] | None = None
+) -> None:
+    """The next forward writes batch row b's entries from column columns[b] on (None: all rows
+    after the used part), in `layers` (indices; None: all). Only where `row_writes(cache)`."""
+    for i in _indices(cache, layers):
+        cache.layers[i].write_at = columns
+
+
+def _indices(cache: DynamicCache, layers: Sequence[int] | None) -> Sequence[int]:
+    return range(len(cache.layers)) if layers is None else layers
+
+
+def row_writes(cache: DynamicCache) -> bool:
+    """Every layer can write each batch row at its own column."""
+    return all(isinstance(layer, GrowingLayer) for layer in cache.layers)
+
+
+def new_batch_cache(config) -> DynamicCache:
+    """A cache for a decode batch: every layer appends in place (`GrowingLayer`); sliding-window
+    layers hold all of each row's positions too, and the engine's masks apply the window."""
+    cache = DynamicCache(config=config)
+    cache.layers = [GrowingLayer() for _ in layer_windows(config)]
+    return cache
+
+
+@torch.inference_mode()
+def append_row(
+    cache: DynamicCache,
+    row_cache: DynamicCache,
+    length: int,
+    layers: Sequence[int] | None = None,
+    first: int = 0,
+) -> None:
+    """Add `row_cache`'s positions [first, length) as a new batch row of `cache` (batch 1 there)
+    in `layers` (indices; None: all), at columns 0, 1, ...
+
+    Rows are right-padded with zeros to the longer of the two; the caller masks padding out.
+    Example: cache [2 rows, 5 positions] + a row of 7 -> [3 rows, 7 positions].
+    """
+    for i in _indices(cache, layers):
+        layer = cache.layers[i]
+        keys, values = _row_entries(row_cache.layers[i], first, length)
+        if not layer.is_initialized or layer.keys.numel() == 0:
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys.clone(), values.clone()
+            continue
+        width = max(layer.keys.shape[2], keys.shape[2])
+        new_keys = torch.cat([_pad_to(layer.keys, width), _pad_to(keys, width)], dim=0)
+        new_values = torch.cat([_pad_to(layer.values, width), _pad_to(values, width)], dim=0)
+        layer.keys, layer.values = new_keys, new_values
+
+
+@torch.inference_mode()
+def write_row(
+    cache: DynamicCache,
+    row: int,
+    row_cache: DynamicCache,
+    length: int,
+    layers: Sequence[int] | None = None,
+    first: int = 0,
+) -> None:
+    """Overwrite batch row `row`'s first columns with `row_cache`'s positions [first, length)
+    (batch 1 there) in `layers`, in place; the caller hides the row's other columns. Requires
+    length - first <= the cache's columns."""
+    for i in _indices(cache, layers):
+        layer = cache.layers[i]
+        keys, values = _row_entries(row_cache.layers[i], first, length)
+        layer.keys[row, :, : length - first] = keys[0]
+        layer.values[row, :, : length - first] = values[0]
+
+
+def _row_entries(layer, first: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A request cache layer's positions [first, length) as [1, h, length - first, d] keys and
+    values (a `WindowLayer` holds positions from its offset on; asking for older ones raises)."""
+    offset = layer.offset if isinstance(layer, WindowLayer) else 0
+    if first < offset:
+        raise ValueError(f"positions from {first} asked of a window layer holding {offset} on")
+    cols = slice(first - offset, length - offset)
+    return layer.keys[:, :, cols], layer.values[:, :, cols]
+
+
+def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
+    """[b, h, n, d] -> [b, h, width, d], zeros on the right."""
+    extra = width - t.shape[2]
+    return t if extra == 0 else torch.nn.functional.pad(t, (0, 0, 0, extra))
+
+
+@torch.inference_mode()
+def gather_rows(
+    cache: DynamicCache,
+    rows: torch.Tensor,
+    columns: torch.Tensor,
+    layers: Sequence[int] | None = None,
+) -> None:
+    """Keep batch rows `rows` [b'] and, for kept row i, columns `columns[i]` [b', n'] in order,
+    in `layers` (indices; None: all).
+
+    Example: rows [2, 0], columns [[0, 3], [1, 1]] leaves 2 rows of 2 positions: old row 2's
+    positions 0 and 3, then old row 0's position 1 twice (repeats are how callers pad).
+    """
+    for i in _indices(cache, layers):
+        layer = cache.layers[i]
+        if not layer.is_initialized or layer.keys.numel() == 0:
+            continue
+        device = layer.keys.device
+        r, c = rows.to(device), columns.to(device)
+        _, heads, _, dim = layer.keys.shape
+        index = c[:, None, :, None].expand(len(r), heads, c.shape[1], dim)
+        new_keys = torch.gather(layer.keys[r], 2, index)
+        new_values = torch.gather(layer.values[r], 2, index)
+        layer.keys, layer.values = new_keys, new_values  # both read before either is replaced
+
+
+def empty_cache() -> DynamicCache:
+    """A cache with no preset layers (grows as layers write to it); for a drafter's own layer."""
+    return DynamicCache()
