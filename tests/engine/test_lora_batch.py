@@ -99,3 +99,35 @@ def test_plain_model_and_default_rows_take_no_hooks(tiny_llama):
     with lora_rows(plain, [None, None]):
         out = plain(input_ids=ids).logits
     torch.testing.assert_close(out, plain(input_ids=ids).logits)
+
+
+FAMILY_TARGETS = {  # two adapters per family, on its own (fused where it has them) projections
+    "llama": (["q_proj", "v_proj"], ["down_proj", "q_proj"]),
+    "qwen2": (["q_proj", "v_proj"], ["down_proj", "k_proj"]),
+    "qwen3": (["q_proj", "o_proj"], ["down_proj", "up_proj"]),
+    "mistral": (["q_proj", "v_proj"], ["gate_proj", "o_proj"]),
+    "gemma2": (["q_proj", "v_proj"], ["down_proj", "o_proj"]),
+    "gemma3": (["k_proj", "v_proj"], ["down_proj", "q_proj"]),
+    "phi3": (["qkv_proj"], ["gate_up_proj", "o_proj"]),
+    "olmo2": (["q_proj", "v_proj"], ["down_proj"]),
+    "gpt_neox": (["query_key_value"], ["dense_4h_to_h", "dense"]),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILY_TARGETS))
+def test_rows_equal_peft_mixed_batch_on_each_family(family):
+    from conftest import make_tiny_family
+
+    first, second = FAMILY_TARGETS[family]
+    base = copy.deepcopy(make_tiny_family(family, seed=1))
+    m = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=first), "x1")
+    m.add_adapter("x2", LoraConfig(r=2, lora_alpha=2, target_modules=second))
+    _randomize(m, 3)
+    m.requires_grad_(False)
+    m.eval()
+    ids = torch.randint(0, 96, (4, 7), generator=torch.Generator().manual_seed(0))
+    names = ["x1", BASE_ADAPTER, "x2", "x1"]
+    ours = _logits(m, ids, names)
+    torch.testing.assert_close(ours, m(input_ids=ids, adapter_names=names).logits)
+    assert not torch.allclose(ours[0], ours[1], atol=1e-3)  # the adapter matters
+    assert not torch.allclose(ours[1], ours[2], atol=1e-3)
