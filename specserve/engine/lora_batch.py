@@ -1,19 +1,20 @@
 """Per-row LoRA for a batch in two matmuls per layer (the Punica / S-LoRA idea), on peft.
 
 peft loads, validates and holds the adapters; its own mixed-batch path loops over the adapters of
-a batch in every layer. Here each LoRA Linear's resident adapters are concatenated once (A as
-[(1 + n) r, in], B as [out, (1 + n) r], scaling folded into B, block 0 = no adapter) and a forward
-hook adds `((x @ A^T) * select[row]) @ B^T`, where select keeps only the row's own r-block, while
-peft's own LoRA is off. One path for every batch (a row's result never depends on its
-neighbours' adapters); a batch of base rows only adds nothing. The only peft internals read
-(`lora_A`, `lora_B`, `scaling`, `lora_variant`) are read here, pinned by
-tests/engine/test_lora_batch.py.
+a batch in every layer. Here each LoRA Linear's resident adapters are stacked once (A as
+[n, r, in], B as [out, n, r], scaling folded into B); a forward picks the blocks of the k adapters
+its batch holds (A_k [k r, in], B_k [out, k r], cached per batch composition) and a hook adds
+`((x @ A_k^T) * select[row]) @ B_k^T`, where select keeps only the row's own r-block, while peft's
+own LoRA is off. Its cost follows the batch, not the resident count; a batch of base rows only
+adds nothing. The only peft internals read (`lora_A`, `lora_B`, `scaling`, `lora_variant`) are
+read here, pinned by tests/engine/test_lora_batch.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import weakref
+from collections import OrderedDict
 
 import torch
 
@@ -39,22 +40,32 @@ def lora_rows(model, adapters: list[str | None]):
 
 
 class BatchedLoRA:
-    """The stacked adapters and hooks of one peft model (rebuilt when its resident set changes)."""
+    """The stacked adapters and hooks of one peft model (rebuilt when its resident set changes).
 
-    def __init__(self, model) -> None:
+    A forward computes only the adapters its batch holds: their blocks are picked out of the
+    stacks once per batch composition (kept for the last few compositions; a single adapter's
+    blocks are views), so its cost follows the rows and the distinct adapters in the batch, not
+    the number resident."""
+
+    def __init__(self, model, compositions: int = 4) -> None:
         self.model = model
         self._key: tuple | None = None
         self._names: dict[str, int] = {}  # adapter -> stack index (0 = none)
         self._stacks: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
         self._hooks: list = []
-        self._index: torch.Tensor | None = None  # [batch] during a forward; None: add nothing
-        self._select: dict[int, torch.Tensor] = {}  # rank -> [batch, 1, (1 + n) rank] 0/1
+        self._compositions = compositions
+        self._picked: OrderedDict[tuple[int, ...], dict] = OrderedDict()  # present -> per layer
+        self._present: tuple[int, ...] = ()  # stack indices of this forward's adapters
+        self._index: torch.Tensor | None = None  # [batch] 1 + place in `_present` (0 = none)
+        self._select: dict[int, torch.Tensor] = {}  # rank -> [batch, 1, k rank] 0/1
 
     @contextlib.contextmanager
     def rows(self, names: list[str]):
         self._sync()
         index = [self._names.get(n, 0) for n in names]
-        self._index = torch.tensor(index) if any(index) else None
+        self._present = tuple(sorted({i for i in index if i}))
+        place = {s: j + 1 for j, s in enumerate(self._present)}
+        self._index = torch.tensor([place.get(i, 0) for i in index]) if self._present else None
         self._select = {}
         layers = list(self._stacks)
         for m in layers:  # peft's own LoRA off: the hooks add it (peft's disable_adapter is slow)
@@ -68,14 +79,35 @@ class BatchedLoRA:
             self._select = {}
 
     def _selector(self, rank: int, like: torch.Tensor) -> torch.Tensor:
-        """[batch, 1, (1 + n) rank]: 1 on each row's own adapter block (built once per rank and
-        forward). Example: index [2, 0], n 2, rank 1 -> [[[0, 0, 1]], [[1, 0, 0]]]."""
+        """[batch, 1, k rank]: 1 on each row's own adapter block among the k present (built once
+        per rank and forward). Example: index [2, 0, 1], k 2, rank 1 -> [[[0, 1]], [[0, 0]],
+        [[1, 0]]]."""
         select = self._select.get(rank)
         if select is None:
-            blocks = torch.nn.functional.one_hot(self._index, 1 + len(self._names))  # [b, 1 + n]
-            select = blocks.repeat_interleave(rank, dim=1)[:, None].to(like)
+            blocks = torch.nn.functional.one_hot(self._index, 1 + len(self._present))[:, 1:]
+            select = blocks.repeat_interleave(rank, dim=1)[:, None].to(like)  # [b, 1, k r]
             self._select[rank] = select
         return select
+
+    def _pick(self, module) -> tuple[torch.Tensor, torch.Tensor]:
+        """This forward's adapters' blocks of one layer: A [k r, in], B [out, k r]."""
+        picked = self._picked.get(self._present)
+        if picked is None:
+            picked = self._picked[self._present] = {}
+            while len(self._picked) > self._compositions:
+                self._picked.popitem(last=False)
+        self._picked.move_to_end(self._present)
+        blocks = picked.get(module)
+        if blocks is None:
+            a, b = self._stacks[module]  # [n, r, in], [out, n, r]
+            if len(self._present) == 1:  # views, no copy
+                i = self._present[0] - 1
+                blocks = a[i], b[:, i]
+            else:
+                sel = torch.tensor(self._present, device=a.device) - 1
+                blocks = a[sel].flatten(0, 1), b[:, sel].flatten(1, 2)
+            picked[module] = blocks
+        return blocks
 
     def _layers(self):
         return [m for m in self.model.modules() if hasattr(m, "lora_A") and hasattr(m, "scaling")]
@@ -95,6 +127,7 @@ class BatchedLoRA:
             raise RuntimeError("peft LoRA layers are disabled or lack `_disable_adapters`")
         self._names = {name: i + 1 for i, name in enumerate(names)}
         self._stacks = {m: _stack(m, names) for m in layers}
+        self._picked.clear()
         self._hooks = [m.register_forward_hook(self._hook) for m in layers]
         self._key = self._key_of(layers[0])
 
@@ -107,17 +140,18 @@ class BatchedLoRA:
     def _hook(self, module, inputs, output):
         if self._index is None:
             return None
-        a_cat, b_cat = self._stacks[module]  # [(1 + n) r, in], [out, (1 + n) r]
-        x = inputs[0].to(a_cat.dtype)  # [b, q, in]
-        rank = a_cat.shape[0] // (1 + len(self._names))
-        low = torch.nn.functional.linear(x, a_cat)  # [b, q, (1 + n) r]: every adapter's
-        low = low * self._selector(rank, low)  # only the row's own adapter block stays
-        return output + torch.nn.functional.linear(low, b_cat).to(output.dtype)  # [b, q, out]
+        a, b = self._pick(module)  # [k r, in], [out, k r]
+        x = inputs[0].to(a.dtype)  # [b, q, in]
+        rank = a.shape[0] // len(self._present)
+        low = torch.nn.functional.linear(x, a)  # [b, q, k r]: every present adapter's
+        if len(self._present) > 1 or not bool(self._index.all()):
+            low = low * self._selector(rank, low)  # only the row's own adapter block stays
+        return output + torch.nn.functional.linear(low, b).to(output.dtype)  # [b, q, out]
 
 
 def _stack(module, names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A as [(1 + n) r, in] and B as [out, (1 + n) r], block i = adapter i (scaling folded into B;
-    ranks zero-padded to the largest; block 0 and adapters this layer lacks are zeros)."""
+    """A as [n, r, in] and B as [out, n, r], block i = adapter names[i] (scaling folded into B;
+    ranks zero-padded to the largest; adapters this layer lacks are zeros)."""
     held = [n for n in names if n in module.lora_A]
     for name in held:
         if name in getattr(module, "lora_variant", {}) or module.lora_B[name].bias is not None:
@@ -126,14 +160,14 @@ def _stack(module, names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     rank = max(module.lora_A[n].weight.shape[0] for n in held)
     fan_in = ref.shape[1]
     fan_out = module.lora_B[held[0]].weight.shape[0]
-    a = torch.zeros(1 + len(names), rank, fan_in, dtype=ref.dtype, device=ref.device)
-    b = torch.zeros(1 + len(names), fan_out, rank, dtype=ref.dtype, device=ref.device)
-    for i, name in enumerate(names, start=1):
+    a = torch.zeros(len(names), rank, fan_in, dtype=ref.dtype, device=ref.device)
+    b = torch.zeros(fan_out, len(names), rank, dtype=ref.dtype, device=ref.device)
+    for i, name in enumerate(names):
         if name in held:
             r = module.lora_A[name].weight.shape[0]
             a[i, :r] = module.lora_A[name].weight.detach()
-            b[i, :, :r] = module.lora_B[name].weight.detach() * module.scaling[name]
-    return a.reshape(-1, fan_in), b.permute(1, 0, 2).reshape(fan_out, -1).contiguous()
+            b[:, i, :r] = module.lora_B[name].weight.detach() * module.scaling[name]
+    return a, b
 
 
 __all__ = ["BASE_ADAPTER", "BatchedLoRA", "is_peft_model", "lora_rows"]

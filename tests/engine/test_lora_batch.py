@@ -60,9 +60,36 @@ def test_selector_keeps_each_rows_own_block(model):
     ids = torch.randint(0, 96, (3, 2))
     with lora_rows(model, ["x2", BASE_ADAPTER, "x1"]):
         batched = _BY_MODEL[model]
-        select = batched._selector(2, torch.zeros(1))  # x1 -> block 1, x2 -> block 2
+        select = batched._selector(2, torch.zeros(1))  # present x1, x2: blocks 1 and 2
         model(input_ids=ids)
-    assert select[:, 0].tolist() == [[0, 0, 0, 0, 1, 1], [1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 0, 0]]
+    assert select[:, 0].tolist() == [[0, 0, 1, 1], [0, 0, 0, 0], [1, 1, 0, 0]]
+
+
+def test_a_forward_computes_only_the_adapters_its_batch_holds(tiny_llama):
+    """Twelve resident, two in the batch: the picked blocks are 2 x rank wide (one adapter's
+    are views of the stack, no copy), and the rows still equal peft's own mixed batch."""
+    from specserve.engine.lora_batch import _BY_MODEL
+
+    base = copy.deepcopy(tiny_llama(1, init_range=0.1))
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    m = get_peft_model(base, config, adapter_name="a0")
+    for i in range(1, 12):
+        m.add_adapter(f"a{i}", config)
+    _randomize(m, 5)
+    m.requires_grad_(False)
+    m.eval()
+    ids = torch.randint(0, 96, (3, 5), generator=torch.Generator().manual_seed(1))
+    names = ["a7", "a3", "a7"]
+    ours = _logits(m, ids, names)
+    torch.testing.assert_close(ours, m(input_ids=ids, adapter_names=names).logits)
+    batched = _BY_MODEL[m]
+    layer = next(iter(batched._stacks))
+    a3, a7 = batched._names["a3"], batched._names["a7"]
+    a, b = batched._picked[(a3, a7)][layer]
+    assert a.shape == (2 * 4, 64) and b.shape[1] == 2 * 4
+    _logits(m, ids[:1], ["a7"])  # a prefill of one request: only its own blocks, as views
+    a, _ = batched._picked[(a7,)][layer]
+    assert a.untyped_storage().data_ptr() == batched._stacks[layer][0].untyped_storage().data_ptr()
 
 
 def test_a_rows_result_does_not_depend_on_its_neighbours(model):
