@@ -32,6 +32,12 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--adapter", type=Path, default=default_cache_dir() / "adapters" / "pydocs-v2")
     ap.add_argument("--variants", type=int, default=8)
+    ap.add_argument(
+        "--random-rank",
+        type=int,
+        default=8,
+        help="when --adapter does not exist, save a random LoRA of this rank (q/k/v/o) there",
+    )
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -50,7 +56,11 @@ def main() -> None:
 
     loaded = load_model(args.model, dtype=args.dtype, workload=Workload(rows=args.dtype_rows))
     print(f"dtype {loaded.dtype}", loaded.dtype_choice.reason if loaded.dtype_choice else "")
-    limits = AdapterLimits(root=args.adapter.parent, max_resident=max(args.variants, 1))
+    if not args.adapter.exists():
+        _random_adapter(loaded.model, args.adapter, args.random_rank)
+    limits = AdapterLimits(
+        root=args.adapter.parent, max_resident=max(args.variants, 1), max_resident_bytes=2**40
+    )
     adapters = ResidentAdapters(loaded.model, base_model_names(args.model), limits)
     names = [f"v{i}" for i in range(args.variants)]
     for name in names:
@@ -99,6 +109,32 @@ def main() -> None:
         f"{stats['decode_rows'] / max(stats['decode_steps'], 1):.1f} rows per step, prefill "
         f"{stats['prefill_seconds']:.1f} s for {stats['prefill_tokens']} prompt tokens)"
     )
+    step_ms = 1000 * stats["decode_seconds"] / max(stats["decode_steps"], 1)
+    prefill_ms = 1000 * stats["prefill_seconds"] / max(stats["prefill_tokens"], 1)
+    resident_mb = adapters.resident_bytes / 2**20
+    print(
+        f"{args.variants} variants resident ({resident_mb:.0f} MB of LoRA weights): decode step "
+        f"{step_ms:.1f} ms, prefill {prefill_ms:.2f} ms/token"
+    )
+
+
+def _random_adapter(model, path: Path, rank: int) -> None:
+    """A random non-zero LoRA adapter on a copy of `model`'s attention projections (throughput
+    only: what it computes does not matter here)."""
+    import copy
+
+    import peft
+    import torch
+
+    config = peft.LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        init_lora_weights=False,
+    )
+    torch.manual_seed(0)
+    wrapped = peft.get_peft_model(copy.deepcopy(model).float(), config)
+    wrapped.save_pretrained(path)
 
 
 if __name__ == "__main__":
