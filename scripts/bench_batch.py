@@ -57,7 +57,7 @@ def main() -> None:
     loaded = load_model(args.model, dtype=args.dtype, workload=Workload(rows=args.dtype_rows))
     print(f"dtype {loaded.dtype}", loaded.dtype_choice.reason if loaded.dtype_choice else "")
     if not args.adapter.exists():
-        _random_adapter(loaded.model, args.adapter, args.random_rank)
+        _random_adapter(loaded.model, args.adapter, args.random_rank, args.model)
     limits = AdapterLimits(
         root=args.adapter.parent, max_resident=max(args.variants, 1), max_resident_bytes=2**40
     )
@@ -118,7 +118,7 @@ def main() -> None:
     )
 
 
-def _random_adapter(model, path: Path, rank: int) -> None:
+def _random_adapter(model, path: Path, rank: int, base_name: str) -> None:
     """A random non-zero LoRA adapter on a copy of `model`'s attention projections (throughput
     only: what it computes does not matter here)."""
     import copy
@@ -135,6 +135,10 @@ def _random_adapter(model, path: Path, rank: int) -> None:
     torch.manual_seed(0)
     wrapped = peft.get_peft_model(copy.deepcopy(model).float(), config)
     wrapped.save_pretrained(path)
+    config_path = path / "adapter_config.json"
+    saved = json.loads(config_path.read_text())
+    saved["base_model_name_or_path"] = base_name
+    config_path.write_text(json.dumps(saved, indent=2))
 
 
 if __name__ == "__main__":
