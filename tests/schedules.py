@@ -1,10 +1,15 @@
 """Random batch schedules shared by the continuous-batching gates (tests/engine/test_scheduler.py,
 test_families.py): requests over strategies and adapters that join, leave and get cancelled at
-random steps, run through a Scheduler, and the same requests decoded alone."""
+random steps, run through a Scheduler, and the same requests decoded alone; models holding
+random adapters for them."""
 
 from __future__ import annotations
 
+import copy
 import random
+
+import torch
+from peft import LoraConfig, get_peft_model
 
 from specserve.engine.decode import Engine
 from specserve.engine.lora import BASE_ADAPTER
@@ -18,6 +23,22 @@ STRATEGIES = {
     "medusa": {"tree_size": 6},
     "eagle": {"depth": 3, "topk": 2, "total_tokens": 6},
 }
+
+
+def with_adapters(base, names: list[str], targets=("q_proj", "v_proj", "down_proj")):
+    """A peft-wrapped copy of `base` holding rank-4 adapters `names` on `targets`, each with
+    seeded random B (so each changes the output); frozen, eval."""
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=list(targets))
+    model = get_peft_model(copy.deepcopy(base), config, adapter_name=names[0])
+    for name in names[1:]:
+        model.add_adapter(name, config)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+    model.requires_grad_(False)
+    return model.eval()
 
 
 def prompt(rng: random.Random, n: int) -> list[int]:

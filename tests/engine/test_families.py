@@ -13,7 +13,7 @@ import peft
 import pytest
 import torch
 from conftest import FAMILIES, WINDOW, make_tiny_family
-from schedules import STRATEGIES, alone, prompt, requests, run
+from schedules import STRATEGIES, alone, prompt, requests, run, with_adapters
 
 from specserve.engine import families, hf_internals
 from specserve.engine.decode import Engine
@@ -70,20 +70,8 @@ def test_every_strategy_alone_equals_generate(family, tokenizer):
 
 def _lora_model(family: str):
     """The family's tiny model holding three resident adapters on its own projections."""
-    base = copy.deepcopy(make_tiny_family(family, seed=1))
-    targets = list(LORA_TARGETS.get(family, ("q_proj", "v_proj", "down_proj")))
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets)
-    model = peft.get_peft_model(base, config, adapter_name=ADAPTERS[0])
-    for name in ADAPTERS[1:]:
-        model.add_adapter(name, config)
-    torch.manual_seed(7)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.2)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model.eval()
+    targets = LORA_TARGETS.get(family, ("q_proj", "v_proj", "down_proj"))
+    return with_adapters(make_tiny_family(family, seed=1), ADAPTERS, targets)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -194,14 +182,14 @@ def test_batched_window_layers_stay_bounded_and_exact(family, tokenizer):
         {"prompt": ids, "strategy": s, "max_new": 120, "adapter": None}
         for ids, s in zip(_prompts() + [_prompts()[0][:9]], ["prompt_lookup", "lookahead", "ar"])
     ]
+
+    def start(req):
+        params = SamplingParams(max_new_tokens=120)
+        return engine.start(req["prompt"], params, req["strategy"], STRATEGIES[req["strategy"]])
+
     outs = {}
     for i, req in enumerate(reqs):
-        state = engine.start(
-            req["prompt"],
-            SamplingParams(max_new_tokens=120),
-            req["strategy"],
-            STRATEGIES[req["strategy"]],
-        )
+        state = start(req)
         outs[i] = []
         scheduler.submit(state, "t", True, lambda r, done, i=i: r and outs[i].extend(r.new_ids))
     window_columns, full_columns = [], []
@@ -213,12 +201,7 @@ def test_batched_window_layers_stay_bounded_and_exact(family, tokenizer):
     if family == "gemma3":
         assert max(full_columns) >= 120
     for i, req in enumerate(reqs):
-        state = engine.start(
-            req["prompt"],
-            SamplingParams(max_new_tokens=120),
-            req["strategy"],
-            STRATEGIES[req["strategy"]],
-        )
+        state = start(req)
         for _ in engine.stream(state):
             pass
         assert outs[i] == state.output_ids == _greedy(model, req["prompt"], 120)

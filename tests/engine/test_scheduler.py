@@ -12,8 +12,7 @@ import threading
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
-from schedules import ADAPTERS, alone, prompt, requests, run
+from schedules import ADAPTERS, alone, prompt, requests, run, with_adapters
 
 from specserve.engine.decode import Engine
 from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
@@ -27,19 +26,7 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture(scope="module")
 def lora_model(tiny_llama):
     """A tiny Llama holding three resident LoRA adapters that each change the output."""
-    base = copy.deepcopy(tiny_llama(1, init_range=0.1))
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
-    model = get_peft_model(base, config, adapter_name=ADAPTERS[0])
-    for name in ADAPTERS[1:]:
-        model.add_adapter(name, config)
-    torch.manual_seed(7)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.2)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model.eval()
+    return with_adapters(tiny_llama(1, init_range=0.1), ADAPTERS)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,20 @@ from specserve.training.run import DrafterTrainSettings, train_drafter
 ADAPTER = "f" * 64
 
 
+def _settings(kind: str) -> DrafterTrainSettings:
+    """A few seconds of training on 16 prompts: enough to check the pipeline, not to draft well."""
+    return DrafterTrainSettings(
+        kind=kind,
+        budget_minutes=0.05,
+        prompts=16,
+        heldout=2,
+        max_new_tokens=8,
+        gen_batch=8,
+        eval_seconds=0,
+        tau_prompts=2,
+    )
+
+
 @pytest.fixture(scope="module")
 def lora_target(tiny_llama):
     from peft import LoraConfig, get_peft_model
@@ -28,16 +42,7 @@ def lora_target(tiny_llama):
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_train_on_adapter_variant(tmp_path, tiny_llama, lora_target, tiny_hf_tokenizer, kind):
-    settings = DrafterTrainSettings(
-        kind=kind,
-        budget_minutes=0.05,
-        prompts=16,
-        heldout=2,
-        max_new_tokens=8,
-        gen_batch=8,
-        eval_seconds=0,
-        tau_prompts=2,
-    )
+    settings = _settings(kind)
     drafter = train_drafter(
         lora_target,
         tiny_hf_tokenizer,
@@ -71,16 +76,7 @@ def test_drafters_train_and_decode_exactly_on_each_family(
     from specserve.engine.sampling import SamplingParams
 
     model = make_tiny_family(family, seed=1)
-    settings = DrafterTrainSettings(
-        kind=kind,
-        budget_minutes=0.05,
-        prompts=16,
-        heldout=2,
-        max_new_tokens=8,
-        gen_batch=8,
-        eval_seconds=0,
-        tau_prompts=2,
-    )
+    settings = _settings(kind)
     drafter = train_drafter(
         model,
         tiny_hf_tokenizer,

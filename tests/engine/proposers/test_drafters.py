@@ -198,21 +198,9 @@ def test_medusa_with_own_heads_equals_ar(tiny_llama, tokenizer, random_drafter):
 @pytest.fixture(scope="module")
 def lora_model(tiny_llama):
     """A peft-wrapped tiny Llama whose adapter really changes the output."""
-    import copy
+    from schedules import with_adapters
 
-    from peft import LoraConfig, get_peft_model
-
-    base = copy.deepcopy(tiny_llama(1, init_range=0.1))
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
-    model = get_peft_model(base, config).eval()
-    torch.manual_seed(7)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.2)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model
+    return with_adapters(tiny_llama(1, init_range=0.1), ["default"])
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
