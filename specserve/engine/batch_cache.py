@@ -261,6 +261,14 @@ class BatchKV:
         for g in self.groups:
             g.compact(self.cache, keep_rows)
 
+    @torch.inference_mode()
+    def trim_windows(self) -> None:
+        """Compact only the window groups that hold about twice their window (every row stays,
+        in place), so the full layers are not gathered for it."""
+        for g in self.groups:
+            if self.rows and g.stale():
+                g.compact(self.cache, list(range(self.rows)))
+
     def wasted(self) -> float:
         """Fraction of the columns the first group's attention reads that no row holds (what
         `compact` would save): hidden columns inside each row's extent (ragged), or the columns
@@ -269,11 +277,9 @@ class BatchKV:
 
     def needs_compaction(self) -> bool:
         """Worth one whole-cache gather: most columns hidden (and many), or a quarter of the rows
-        (at least two) free, or every row free, or a window group holding twice its window."""
+        (at least two) free, or every row free (window groups: `trim_windows`)."""
         if self.rows and len(self.free) == self.rows:
             return True
         if len(self.free) >= max(2, self.rows // 4):
-            return True
-        if self.rows and any(g.stale() for g in self.groups):
             return True
         return self.wasted() > 0.5 and self.columns > 256

@@ -322,6 +322,7 @@ class Scheduler:
             self._leave(finished)
         elif self.kv.needs_compaction():
             self._compact()
+        self.kv.trim_windows()  # window layers keep about their window, however long rows run
 
     def _row(self, ticket: Ticket | None, drafts: dict, cap: int | None, past: int) -> BatchRow:
         """The forward input of one batch row: a request's pending token and (cut) draft, or an

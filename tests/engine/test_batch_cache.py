@@ -299,15 +299,21 @@ def test_a_window_group_keeps_each_rows_last_window_positions():
         assert torch.equal(kv.cache.layers[0].keys[i], snapshot[r][:, held[r]])
 
 
-def test_a_window_group_past_twice_its_window_asks_for_compaction():
+def test_a_window_group_past_twice_its_window_is_trimmed_alone():
+    """Only the window group is compacted (rows stay in place); the full group is untouched."""
     model = _hybrid_model()
     kv = BatchKV(model.config)
     kv.add(_filled(model, list(range(10))), 10)
+    kv.add(_filled(model, [4, 5]), 2)
+    kv.release(1)
     step = 0
-    while not kv.needs_compaction():
+    while not kv.groups[1].stale():
         _forward(kv, 2, seed=step)
         kv.keep(0, [0, 1])
         step += 1
-    assert kv.groups[1].columns > 2 * 7 + 16 and kv.wasted() == 0.0
-    kv.compact([0])
-    assert kv.groups[1].columns == 7 and not kv.needs_compaction()
+    full_keys = kv.cache.layers[1].keys.data_ptr()
+    lengths = kv.lengths()
+    kv.trim_windows()
+    assert kv.groups[1].columns == 7 and kv.rows == 2 and kv.free == [1]
+    assert kv.lengths() == lengths and kv.cache.layers[1].keys.data_ptr() == full_keys
+    assert not kv.groups[1].stale()
