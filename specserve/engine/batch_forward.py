@@ -119,10 +119,10 @@ def batch_masks(config, inputs: BatchInputs, kv: BatchKV, dtype, device):
     mask [b, 1, q, columns] of what each query row may attend, for window groups narrowed to
     each query's window (`forward.window_allowed` over the columns' positions)."""
     full = windowed = None
-    for group in kv.groups:
-        allowed = inputs.allowed if group is kv.groups[0] else None
-        if allowed is None:
-            allowed = allowed_in(group.visible, group.starts, inputs.blocks)
+    for i, group in enumerate(kv.groups):  # inputs.allowed is laid out in the first group's
+        allowed = (
+            inputs.allowed if i == 0 else allowed_in(group.visible, group.starts, inputs.blocks)
+        )
         if group.window is None:
             full = additive_mask(allowed, dtype, device)[:, None]
             continue

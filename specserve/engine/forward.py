@@ -90,9 +90,11 @@ def window_allowed(
 
 def attention_masks(config, inputs: ForwardInputs, past: int, offset: int, dtype, device):
     """The `attention_mask` argument for a multi-row forward: the 4D additive mask
-    [1, 1, q, past + q] of `inputs`, and for sliding-window layers (whose cache holds positions
-    from `offset` on) the same narrowed to the window, [1, 1, q, past - offset + q]."""
-    full = additive_mask(inputs.allowed, dtype, device)[None, None]
+    [1, 1, q, past + q] of `inputs` for full-attention layers, and for sliding-window layers
+    (whose cache holds positions from `offset` on) the same narrowed to the window,
+    [1, 1, q, past - offset + q]; only the kinds the model has are built."""
+    windows = hf_internals.layer_windows(config)
+    full = None if all(windows) else additive_mask(inputs.allowed, dtype, device)[None, None]
     window = hf_internals.window(config)
     if window is None:
         return full

@@ -56,7 +56,9 @@ class BatchedLoRA:
         self._compositions = compositions
         self._picked: OrderedDict[tuple[int, ...], dict] = OrderedDict()  # present -> per layer
         self._present: tuple[int, ...] = ()  # stack indices of this forward's adapters
+        self._blocks: dict = {}  # this forward's composition: layer -> picked (A, B)
         self._index: torch.Tensor | None = None  # [batch] 1 + place in `_present` (0 = none)
+        self._masked = False  # rows differ in adapter (or some have none): keep own blocks only
         self._select: dict[int, torch.Tensor] = {}  # rank -> [batch, 1, k rank] 0/1
 
     @contextlib.contextmanager
@@ -66,6 +68,8 @@ class BatchedLoRA:
         self._present = tuple(sorted({i for i in index if i}))
         place = {s: j + 1 for j, s in enumerate(self._present)}
         self._index = torch.tensor([place.get(i, 0) for i in index]) if self._present else None
+        self._masked = len(self._present) > 1 or 0 in index
+        self._blocks = self._composition() if self._present else {}
         self._select = {}
         layers = list(self._stacks)
         for m in layers:  # peft's own LoRA off: the hooks add it (peft's disable_adapter is slow)
@@ -89,15 +93,19 @@ class BatchedLoRA:
             self._select[rank] = select
         return select
 
-    def _pick(self, module) -> tuple[torch.Tensor, torch.Tensor]:
-        """This forward's adapters' blocks of one layer: A [k r, in], B [out, k r]."""
+    def _composition(self) -> dict:
+        """The per-layer picks of this forward's adapters (the last few compositions are kept)."""
         picked = self._picked.get(self._present)
         if picked is None:
             picked = self._picked[self._present] = {}
             while len(self._picked) > self._compositions:
                 self._picked.popitem(last=False)
         self._picked.move_to_end(self._present)
-        blocks = picked.get(module)
+        return picked
+
+    def _pick(self, module) -> tuple[torch.Tensor, torch.Tensor]:
+        """This forward's adapters' blocks of one layer: A [k r, in], B [out, k r]."""
+        blocks = self._blocks.get(module)
         if blocks is None:
             a, b = self._stacks[module]  # [n, r, in], [out, n, r]
             if len(self._present) == 1:  # views, no copy
@@ -106,7 +114,7 @@ class BatchedLoRA:
             else:
                 sel = torch.tensor(self._present, device=a.device) - 1
                 blocks = a[sel].flatten(0, 1), b[:, sel].flatten(1, 2)
-            picked[module] = blocks
+            self._blocks[module] = blocks
         return blocks
 
     def _layers(self):
@@ -144,7 +152,7 @@ class BatchedLoRA:
         x = inputs[0].to(a.dtype)  # [b, q, in]
         rank = a.shape[0] // len(self._present)
         low = torch.nn.functional.linear(x, a)  # [b, q, k r]: every present adapter's
-        if len(self._present) > 1 or not bool(self._index.all()):
+        if self._masked:
             low = low * self._selector(rank, low)  # only the row's own adapter block stays
         return output + torch.nn.functional.linear(low, b).to(output.dtype)  # [b, q, out]
 

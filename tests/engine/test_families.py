@@ -64,8 +64,8 @@ def test_every_strategy_alone_equals_generate(family, tokenizer):
         for strategy, config in STRATEGIES.items():
             res = engine.generate(ids, SamplingParams(max_new_tokens=MAX_NEW), strategy, config)
             assert res.output_ids == want, (family, strategy)
-            accepted += len(ids) + MAX_NEW - res.forwards > len(ids)  # some step took a draft
-    assert accepted  # rollbacks and acceptances both happened
+            accepted += res.forwards < MAX_NEW  # some step committed more than one token
+    assert accepted  # drafts were accepted too, not only rolled back
 
 
 def _lora_model(family: str):

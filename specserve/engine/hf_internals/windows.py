@@ -53,13 +53,15 @@ class WindowLayer(DynamicLayer):
 def layer_windows(config) -> tuple[int | None, ...]:
     """Per decoder layer: its sliding window (a query at position p sees keys at positions
     > p - window), or None for full attention. Example: Gemma 2 with window 4096 ->
-    (4096, None, 4096, None, ...). Raises for cache layers the engine cannot roll back.
-    Remembered per config object (building the layers costs ~0.5 ms; forwards ask every step)."""
+    (4096, None, 4096, None, ...). Raises for layer kinds the engine does not serve (chunked,
+    linear / recurrent, shared KV). Remembered per config object while it lives (transformers'
+    per-layer configs cost ~0.5 ms to build; every multi-row forward asks)."""
     known = _WINDOWS.get(id(config))
     if known is not None and known[0]() is config:
         return known[1]
     windows = _layer_windows(config)
     _WINDOWS[id(config)] = (weakref.ref(config), windows)
+    weakref.finalize(config, _WINDOWS.pop, id(config), None)
     return windows
 
 
