@@ -1,17 +1,20 @@
 """In-process ceiling of the engine loop: C requests kept in flight (a finished one is replaced at
-once) over 8 resident copies of one LoRA adapter, `ar`, no HTTP, no Ray. Prints tokens/s.
+once) over N resident copies of one LoRA adapter, `ar`, no HTTP, no Ray. Prints tokens/s.
 
-    python scripts/bench_batch.py --concurrency 16 --requests 32 --max-tokens 128 --mix
-    python scripts/bench_batch.py --concurrency 1 --requests 4 --max-tokens 128 --mix
+    python scripts/bench_batch.py --concurrency 16 --requests 32 --max-tokens 64 --mix \
+        --variants 8,64,256 --rounds 2
 
-`--mix` interleaves the six Spec-Bench tasks (as `specserve loadtest` does); without it the file's
-order (MT-bench's short prompts first).
+Every count of `--variants` runs `--rounds` times, the counts alternating (8, 64, 256, 8, ...) on
+one loaded model holding max(counts) adapters, so machine drift hits all counts alike; the table
+gives each count's median and its ratio to the first count's. `--mix` interleaves the six
+Spec-Bench tasks (as `specserve loadtest` does); without it the file's order.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -30,8 +33,9 @@ from specserve.platform.settings import PlatformSettings
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--adapter", type=Path, default=default_cache_dir() / "adapters" / "pydocs-v2")
-    ap.add_argument("--variants", type=int, default=8)
+    ap.add_argument("--adapter", type=Path, default=default_cache_dir() / "adapters" / "random-r8")
+    ap.add_argument("--variants", default="8", help="comma-separated counts of distinct variants")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each count, alternating")
     ap.add_argument(
         "--random-rank",
         type=int,
@@ -44,7 +48,6 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=Path("../shared/bench/specbench_dev.jsonl"))
     ap.add_argument("--mix", action="store_true", help="interleave the six tasks")
     ap.add_argument("--prefill-chunk", type=int, default=BatchSettings().prefill_chunk)
-    ap.add_argument("--first", type=int, default=0, help="start at this prompt of the sequence")
     ap.add_argument("--dtype", default="auto", help="auto (measured, cached) / float32 / bfloat16")
     ap.add_argument(
         "--dtype-rows",
@@ -53,22 +56,56 @@ def main() -> None:
         help="decode rows auto prices at (default: the model server's)",
     )
     args = ap.parse_args()
+    counts = [int(c) for c in args.variants.split(",")]
 
     loaded = load_model(args.model, dtype=args.dtype, workload=Workload(rows=args.dtype_rows))
     print(f"dtype {loaded.dtype}", loaded.dtype_choice.reason if loaded.dtype_choice else "")
     if not args.adapter.exists():
         _random_adapter(loaded.model, args.adapter, args.random_rank, args.model)
-    limits = AdapterLimits(
-        root=args.adapter.parent, max_resident=max(args.variants, 1), max_resident_bytes=2**40
+    adapters = ResidentAdapters(
+        loaded.model, base_model_names(args.model), AdapterLimits(root=args.adapter.parent)
     )
-    adapters = ResidentAdapters(loaded.model, base_model_names(args.model), limits)
-    names = [f"v{i}" for i in range(args.variants)]
+    started = time.perf_counter()
+    names = [f"v{i}" for i in range(max(counts))]
     for name in names:
         adapters.ensure(name, str(args.adapter))
+    print(
+        f"{len(names)} adapters loaded in {time.perf_counter() - started:.1f} s: "
+        f"{adapters.resident_bytes / 2**20:.0f} MiB of {adapters.budget_bytes / 2**20:.0f} MiB "
+        f"budget (default settings: room for {adapters.capacity} rank-8 adapters)"
+    )
     engine = Engine(adapters.model, loaded.tokenizer, loaded.eos_token_ids)
     rows = [json.loads(line) for line in args.data.read_text().splitlines()]
     texts = interleave_tasks(rows) if args.mix else [r["turns"][0] for r in rows]
     prompts = [encode_messages(loaded.tokenizer, [{"role": "user", "content": t}]) for t in texts]
+    runs: dict[int, list[dict]] = {c: [] for c in counts}
+    for _ in range(args.rounds):
+        for count in counts:
+            runs[count].append(_run(engine, args, prompts, names[:count]))
+            r = runs[count][-1]
+            print(
+                f"  {count} variants: {r['tok_s']:.1f} tok/s, decode step {r['step_ms']:.1f} ms "
+                f"at {r['rows']:.1f} rows, prefill {r['prefill_ms']:.3f} ms/token",
+                flush=True,
+            )
+    first = {k: statistics.median(r[k] for r in runs[counts[0]]) for k in ("tok_s", "prefill_ms")}
+    print(
+        f"concurrency {args.concurrency}, {args.requests} requests, {args.max_tokens} max "
+        f"tokens, {'mixed tasks' if args.mix else 'file order'}, medians of {args.rounds}:"
+    )
+    print("| variants | tok/s | vs first | decode step | prefill per token | vs first |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for count in counts:
+        med = {k: statistics.median(r[k] for r in runs[count]) for k in runs[count][0]}
+        print(
+            f"| {count} | {med['tok_s']:.1f} | {med['tok_s'] / first['tok_s']:.3f}x | "
+            f"{med['step_ms']:.1f} ms at {med['rows']:.1f} rows | {med['prefill_ms']:.3f} ms | "
+            f"{med['prefill_ms'] / first['prefill_ms']:.3f}x |"
+        )
+
+
+def _run(engine, args, prompts, names: list[str]) -> dict:
+    """One run: `args.requests` requests over `names`, `args.concurrency` in flight."""
     params = SamplingParams(max_new_tokens=args.max_tokens)
     scheduler = Scheduler(engine, BatchSettings(prefill_chunk=args.prefill_chunk))
     count = {"next": 0, "done": 0, "tokens": 0}
@@ -76,15 +113,9 @@ def main() -> None:
     def submit() -> None:
         i = count["next"]
         count["next"] += 1
-        state = engine.start(
-            prompts[(args.first + i) % len(prompts)],
-            params,
-            "ar",
-            None,
-            None,
-            names[i % len(names)],
-        )
-        scheduler.submit(state, names[i % len(names)], True, sink)
+        name = names[i % len(names)]
+        state = engine.start(prompts[i % len(prompts)], params, "ar", None, None, name)
+        scheduler.submit(state, name, True, sink)
 
     def sink(step, finished: bool) -> None:
         if step is not None:
@@ -101,21 +132,12 @@ def main() -> None:
         scheduler.step()
     seconds = time.perf_counter() - start
     stats = scheduler.stats()
-    print(
-        f"concurrency {args.concurrency}, {args.requests} requests, {args.max_tokens} max tokens, "
-        f"{'mixed tasks' if args.mix else 'file order'}, prefill chunk {args.prefill_chunk}: "
-        f"{count['tokens'] / seconds:.1f} tok/s ({count['tokens']} tokens in {seconds:.1f} s, "
-        f"{scheduler.steps} steps; decode {stats['decode_seconds']:.1f} s at "
-        f"{stats['decode_rows'] / max(stats['decode_steps'], 1):.1f} rows per step, prefill "
-        f"{stats['prefill_seconds']:.1f} s for {stats['prefill_tokens']} prompt tokens)"
-    )
-    step_ms = 1000 * stats["decode_seconds"] / max(stats["decode_steps"], 1)
-    prefill_ms = 1000 * stats["prefill_seconds"] / max(stats["prefill_tokens"], 1)
-    resident_mb = adapters.resident_bytes / 2**20
-    print(
-        f"{args.variants} variants resident ({resident_mb:.0f} MB of LoRA weights): decode step "
-        f"{step_ms:.1f} ms, prefill {prefill_ms:.2f} ms/token"
-    )
+    return {
+        "tok_s": count["tokens"] / seconds,
+        "step_ms": 1000 * stats["decode_seconds"] / max(stats["decode_steps"], 1),
+        "rows": stats["decode_rows"] / max(stats["decode_steps"], 1),
+        "prefill_ms": 1000 * stats["prefill_seconds"] / max(stats["prefill_tokens"], 1),
+    }
 
 
 def _random_adapter(model, path: Path, rank: int, base_name: str) -> None:

@@ -17,7 +17,8 @@ import torch
 
 from specserve.engine.cost import sync_device
 from specserve.engine.decode import Engine
-from specserve.engine.lora import adapter_kwargs, is_peft_model
+from specserve.engine.lora import is_peft_model
+from specserve.engine.lora_batch import lora_rows
 from specserve.engine.prompts import encode_prompt
 from specserve.engine.sampling import SamplingParams
 
@@ -81,13 +82,12 @@ class ForwardCounter:
 def run_hf(
     model, ids: list[int], max_new_tokens: int, eos_ids, pld: bool, adapter: str | None = None
 ) -> tuple[list[int], int]:
-    """Greedy `generate()` (through peft with `adapter`); with `pld`, prompt lookup of 10 tokens.
+    """Greedy `generate()` (with LoRA `adapter` applied by `lora_rows`); with `pld`, prompt lookup of 10 tokens.
     Returns (output ids, forwards)."""
     counter = ForwardCounter(model.get_base_model() if is_peft_model(model) else model)
     extra = {"prompt_lookup_num_tokens": 10} if pld else {}
-    extra.update(adapter_kwargs(model, [adapter]))
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), lora_rows(model, [adapter]):
             input_ids = torch.tensor([ids], device=model.device)
             out = model.generate(
                 input_ids,

@@ -83,15 +83,24 @@ def alone(engine: Engine, req: dict) -> list[int]:
     return state.output_ids
 
 
-def run(engine, scheduler, reqs, sink_log=None) -> dict[int, dict]:
-    """Submit each request at its join step, cancel at its cancel step; step until all done."""
+def run(engine, scheduler, reqs, sink_log=None, admit=None) -> dict[int, dict]:
+    """Submit each request at its join step, cancel at its cancel step; step until all done.
+    `admit(req)`: called at the join step; returns a callable run when the request finishes, or
+    None to retry at the next step (an adapter server making the request's adapter resident)."""
     seen: dict[int, dict] = {i: {"ids": [], "finished": False} for i in range(len(reqs))}
     seen[-1] = {"max_rows": 0, "finished": True, "adapters": set()}
     tickets = {}
+    join_at = {i: req["join_at"] for i, req in enumerate(reqs)}
+    release = {}
     step = 0
     while not all(s["finished"] for s in seen.values()):
         for i, req in enumerate(reqs):
-            if req["join_at"] == step:
+            if join_at[i] == step and admit is not None:
+                release[i] = admit(req)
+                if release[i] is None:
+                    join_at[i] += 1
+                    continue
+            if join_at[i] == step:
                 params = sampling(req)
                 state = engine.start(
                     req["prompt"],
@@ -105,6 +114,8 @@ def run(engine, scheduler, reqs, sink_log=None) -> dict[int, dict]:
                 def sink(result, finished, i=i):
                     if result is not None:
                         seen[i]["ids"].extend(result.new_ids)
+                    if finished and not seen[i]["finished"] and release.get(i):
+                        release.pop(i)()
                     seen[i]["finished"] = seen[i]["finished"] or finished
 
                 tickets[i] = scheduler.submit(state, req["tenant"], True, sink)

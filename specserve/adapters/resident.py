@@ -1,13 +1,15 @@
-"""Adapters resident on one shared base model: validated, loaded through peft, evicted LRU.
+"""Adapters resident on one shared base model: validated, held as tensors in its LoRAStore, evicted
+least-recently-used within a byte budget (a share of free memory), never while a request holds one.
 
-`ResidentAdapters.ensure(name, path)` validates and loads an adapter under `name` (a variant@version)
-or just marks it recently used; eviction keeps the count and the weight bytes within the limits
-and never drops an adapter that a request holds (`hold`). `stats` feeds the metrics layer.
+`prepare(name, path)` validates and builds the tensors (any thread: file reads, sha256 and
+conversion stay off the decode loop); `install(prepared)` hands them to the store (the engine
+thread, between steps: a dict insert). `ensure` does both. `stats` feeds the metrics layer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import threading
 import time
@@ -16,13 +18,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import peft
-import safetensors.torch
-
-from specserve.adapters.errors import AdapterCapacityError, SizeLimitError, UnsupportedAdapterError
+from specserve.adapters.errors import AdapterCapacityError, SizeLimitError
+from specserve.adapters.memory import budget_bytes, reference_adapter_bytes
 from specserve.adapters.settings import AdapterLimits
+from specserve.adapters.tensors import adapter_tensors, store_dtype
 from specserve.adapters.validate import BaseModelSpec, ValidatedAdapter, validate_adapter
 from specserve.engine.lora import BASE_ADAPTER
+from specserve.engine.lora_store import attach_store
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-@]{0,127}")
 
@@ -39,25 +41,40 @@ class AdapterStats:
     last_load_seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class PreparedAdapter:
+    """An adapter validated and converted, ready to install (its file bytes already dropped)."""
+
+    name: str
+    adapter: ValidatedAdapter  # weights=b"": the tensors below are what stays resident
+    tensors: dict
+    n_bytes: int
+    seconds: float  # validation and conversion time
+
+
 @dataclass
 class _Resident:
     adapter: ValidatedAdapter
-    n_bytes: int  # bytes of its LoRA parameters as loaded
+    n_bytes: int  # bytes of its tensors in the store
     holds: int = 0
 
 
 class ResidentAdapters:
-    """The LRU of LoRA adapters on one base model. `model` is what to run forwards on: the base
-    until the first adapter loads, then (for good) the peft wrapper, which serves base rows as
-    `BASE_ADAPTER`."""
+    """The resident adapters of one base model. `model` never changes: the plain base, whose
+    `LoRAStore` applies each row's adapter (`lora_batch.lora_rows`)."""
 
     def __init__(self, base_model, base_names: list[str], limits: AdapterLimits) -> None:
         self.limits = limits
-        self.spec = BaseModelSpec.of(base_model, base_names)  # from the unwrapped base
+        self.spec = BaseModelSpec.of(base_model, base_names)
         self.model = base_model
+        self.store = attach_store(base_model)
+        self.dtype = store_dtype(base_model.dtype)
+        self.device = base_model.device
+        self.budget_bytes = budget_bytes(limits, self.device)
         self.stats = AdapterStats()
         self._resident: OrderedDict[str, _Resident] = OrderedDict()  # least recent first
         self._lock = threading.RLock()
+        self._loading: dict[str, threading.Lock] = {}  # one conversion per name at a time
 
     @property
     def names(self) -> list[str]:
@@ -67,33 +84,70 @@ class ResidentAdapters:
     def resident_bytes(self) -> int:
         return sum(r.n_bytes for r in self._resident.values())
 
+    @property
+    def capacity(self) -> int:
+        """How many rank-8 adapters on the family's default targets the budget holds (what
+        Serve's per-replica multiplexing cache is sized by), within `max_resident`."""
+        per = reference_adapter_bytes(self.spec, self.model, self.dtype)
+        count = max(1, self.budget_bytes // per)
+        return min(count, self.limits.max_resident or count)
+
     def ensure(self, name: str, path: str | Path) -> ValidatedAdapter:
         """Make `name` resident (validating and loading `path` if it is not) and most recent."""
-        if name == BASE_ADAPTER or not _NAME.fullmatch(name):
-            raise ValueError(
-                f"adapter name {name!r}: use letters, digits, '_', '-', '@' ({BASE_ADAPTER!r} is reserved)"
-            )
+        while True:
+            prepared = self.prepare(name, path)
+            if prepared is not None:
+                return self.install(prepared)
+            with contextlib.suppress(KeyError):  # evicted since `prepare` looked: load it again
+                return self.touch(name)
+
+    def prepare(self, name: str, path: str | Path) -> PreparedAdapter | None:
+        """Validate and convert `path` for `name`; None when it is resident already."""
+        _check_name(name)
         with self._lock:
+            lock = self._loading.setdefault(name, threading.Lock())
+        with lock:  # a second request for the same cold adapter waits for the first's tensors
             if name in self._resident:
-                self._resident.move_to_end(name)
-                self.stats.hits += 1
-                return self._resident[name].adapter
+                return None
+            started = time.perf_counter()
             try:
                 adapter = validate_adapter(path, self.spec, self.limits)
-                self._make_room(adapter.n_bytes)
+                tensors = adapter_tensors(adapter, self.dtype, self.device)
+                n_bytes = sum(t.numel() * t.element_size() for p in tensors.values() for t in p)
+                self._check_fits(n_bytes)
             except Exception as err:
-                code = getattr(err, "code", type(err).__name__)
-                self.stats.refusals[code] = self.stats.refusals.get(code, 0) + 1
+                self._refused(err)
                 raise
+            light = dataclasses.replace(adapter, weights=b"")
+            return PreparedAdapter(name, light, tensors, n_bytes, time.perf_counter() - started)
+
+    def install(self, prepared: PreparedAdapter) -> ValidatedAdapter:
+        """Hand prepared tensors to the store, evicting idle adapters to fit (engine thread)."""
+        with self._lock:
+            if prepared.name in self._resident:
+                return self.touch(prepared.name)
             started = time.perf_counter()
-            n_bytes = self._load(name, adapter)
-            self._resident[name] = _Resident(adapter, n_bytes)
-            self._evict_over_limits(keep=name)
-            seconds = time.perf_counter() - started
+            try:
+                self._make_room(prepared.n_bytes)
+            except Exception as err:
+                self._refused(err)
+                raise
+            self.store.add(prepared.name, prepared.tensors)
+            self._resident[prepared.name] = _Resident(prepared.adapter, prepared.n_bytes)
+            seconds = prepared.seconds + time.perf_counter() - started
             self.stats.loads += 1
             self.stats.load_seconds_total += seconds
             self.stats.last_load_seconds = seconds
-            return adapter
+            return prepared.adapter
+
+    def touch(self, name: str) -> ValidatedAdapter:
+        """Mark a resident adapter most recent (a hit); KeyError if it is not resident."""
+        with self._lock:
+            if name not in self._resident:
+                raise KeyError(f"adapter {name!r} is not resident")
+            self._resident.move_to_end(name)
+            self.stats.hits += 1
+            return self._resident[name].adapter
 
     @contextlib.contextmanager
     def hold(self, name: str) -> Iterator[None]:
@@ -108,63 +162,55 @@ class ResidentAdapters:
             with self._lock:
                 self._resident[name].holds -= 1
 
-    def _make_room(self, n_bytes: int) -> None:
-        """Refuse now (before loading) if evicting every unheld adapter would not be enough."""
-        if n_bytes > self.limits.max_resident_bytes:
+    def evict(self, name: str) -> bool:
+        """Drop `name` now unless a request holds it (the engine thread); True if dropped."""
+        with self._lock:
+            resident = self._resident.get(name)
+            if resident is None or resident.holds:
+                return False
+            self.store.remove(name)
+            del self._resident[name]
+            self.stats.evictions += 1
+            return True
+
+    def _check_fits(self, n_bytes: int) -> None:
+        if n_bytes > self.budget_bytes:
             raise SizeLimitError(
-                f"adapter weights ({n_bytes} bytes) exceed the resident limit {self.limits.max_resident_bytes}"
-            )
-        held = [r for r in self._resident.values() if r.holds]
-        if len(held) + 1 > self.limits.max_resident or sum(r.n_bytes for r in held) + n_bytes > (
-            self.limits.max_resident_bytes
-        ):
-            raise AdapterCapacityError(
-                f"all {len(held)} resident adapters are in use; cannot load another now"
+                f"adapter weights ({n_bytes} bytes) exceed the resident budget {self.budget_bytes}"
             )
 
-    def _evict_over_limits(self, keep: str) -> None:
-        """Unload least-recently-used unheld adapters until count and bytes fit (never `keep`)."""
+    def _make_room(self, n_bytes: int) -> None:
+        """Evict least-recently-used idle adapters until `n_bytes` more fit (bytes and count);
+        refuse, evicting nothing, when even evicting every idle one would not be enough."""
+        held = [r for r in self._resident.values() if r.holds]
+        cap = self.limits.max_resident
+        if sum(r.n_bytes for r in held) + n_bytes > self.budget_bytes or (
+            cap is not None and len(held) + 1 > cap
+        ):
+            raise AdapterCapacityError(
+                f"the {len(held)} adapters in use fill the resident budget; cannot load another now"
+            )
         for victim in list(self._resident):
-            over = len(self._resident) > self.limits.max_resident or (
-                self.resident_bytes > self.limits.max_resident_bytes
+            over = self.resident_bytes + n_bytes > self.budget_bytes or (
+                cap is not None and len(self._resident) + 1 > cap
             )
             if not over:
                 return
-            if victim != keep and not self._resident[victim].holds:
-                self.model.delete_adapter(victim)  # a newer adapter stays, so peft keeps one active
+            if not self._resident[victim].holds:
+                self.store.remove(victim)
                 del self._resident[victim]
                 self.stats.evictions += 1
 
-    def _load(self, name: str, adapter: ValidatedAdapter) -> int:
-        """Inject `adapter` under `name` from the validated bytes; returns its parameter bytes."""
-        fields = {k: v for k, v in adapter.config.items() if k not in ("peft_type", "auto_mapping")}
-        try:
-            config = peft.LoraConfig(**fields)
-        except (TypeError, ValueError) as err:
-            raise UnsupportedAdapterError(
-                f"adapter config is not a LoRA config peft accepts: {err}"
-            ) from None
-        config.inference_mode = True
-        config.init_lora_weights = True  # B = 0: a targeted module without weights stays a no-op
-        state = safetensors.torch.load(adapter.weights)
-        if isinstance(self.model, peft.PeftModel):
-            self.model.add_adapter(name, config)
-        else:
-            self.model = peft.get_peft_model(self.model, config, adapter_name=name)
-        peft.set_peft_model_state_dict(self.model, state, adapter_name=name)
-        self.model.eval()
-        placed = sum(
-            1 for n, _ in self.model.named_parameters() if n.endswith(f"lora_A.{name}.weight")
+    def _refused(self, err: Exception) -> None:
+        code = getattr(err, "code", type(err).__name__)
+        self.stats.refusals[code] = self.stats.refusals.get(code, 0) + 1
+
+
+def _check_name(name: str) -> None:
+    if name == BASE_ADAPTER or not _NAME.fullmatch(name):
+        raise ValueError(
+            f"adapter name {name!r}: use letters, digits, '_', '-', '@' ({BASE_ADAPTER!r} is reserved)"
         )
-        if placed * 2 != len(state):
-            self.model.delete_adapter(name)
-            raise UnsupportedAdapterError(
-                f"peft placed {placed} LoRA modules for {len(state)} tensors"
-            )
-        params = [p for n, p in self.model.named_parameters() if f".{name}." in n]
-        for p in params:
-            p.requires_grad_(False)
-        return sum(p.numel() * p.element_size() for p in params)
 
 
 def base_model_names(model_id: str) -> list[str]:
@@ -174,3 +220,6 @@ def base_model_names(model_id: str) -> list[str]:
 
     entry = load_catalog().get(model_id)
     return [model_id] + ([entry.upstream] if entry and entry.upstream else [])
+
+
+__all__ = ["AdapterStats", "PreparedAdapter", "ResidentAdapters", "base_model_names"]

@@ -36,6 +36,16 @@ _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.(?P<part>lora_A|lor
 _FLOAT_DTYPES = {"F32", "F16", "BF16"}
 
 
+def module_of_key(key: str) -> tuple[str, str]:
+    """(module, "lora_A" | "lora_B") of a peft state-dict key. Example:
+    "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" ->
+    ("model.layers.0.self_attn.q_proj", "lora_A"). ValueError for any other key."""
+    match = _KEY.match(key)
+    if match is None:
+        raise UnsupportedAdapterError(f"tensor {key!r} is not a LoRA A/B weight")
+    return match["module"], match["part"]
+
+
 @dataclass(frozen=True)
 class BaseModelSpec:
     """What an adapter must fit: accepted names and each Linear module's (out, in) shape."""

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import DynamicCache
 
 from specserve.engine import hf_internals
-from specserve.engine.lora import is_peft_model
+from specserve.engine.lora_batch import takes_adapters
 from specserve.engine.tree import Draft, DraftTree
 
 CONTEXT = 200  # cache length the warm-up measures at (as the cost curve does)
@@ -100,7 +100,7 @@ class CompiledForward:
     """
 
     def __init__(self, model, settings: CompileSettings) -> None:
-        if is_peft_model(model):
+        if takes_adapters(model):
             raise CompileUnsupported(
                 "compile: a model with LoRA adapters stays eager (an adapter load would retrace "
                 "the forward); serve the base model compiled or set compile off"

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from specserve.engine import families, hf_internals
 from specserve.engine.forward import ForwardOutput, verify_forward
-from specserve.engine.lora import adapter_kwargs
+from specserve.engine.lora_batch import check_adapters
 from specserve.engine.ngram_pool import NGramPool
 from specserve.engine.proposers import REGISTRY, Proposer, ProposerContext
 from specserve.engine.sampling import SamplingParams, target_probs
@@ -126,11 +126,11 @@ class Engine:
         adapter: str | None = None,
         drafter=None,
     ) -> RequestState:
-        """`adapter`: a LoRA adapter resident on a peft-wrapped model (None = the model's default,
+        """`adapter`: a LoRA adapter resident on the model (its LoRAStore or peft wrapper; None = the model's default,
         `lora.BASE_ADAPTER` = the base alone); `pool`: the n-gram pool of that variant@version;
         `drafter`: the trained drafter of this request's variant (default: the engine's own)."""
         params = params or SamplingParams()
-        adapter_kwargs(self.model, [adapter])  # fail now, not mid-stream, on an unknown adapter
+        check_adapters(self.model, [adapter])  # fail now, not mid-stream, on an unknown adapter
         if not prompt_ids:
             raise ValueError("prompt: must not be empty")
         limit = getattr(self.model.config, "max_position_embeddings", None)

@@ -25,7 +25,8 @@ from specserve.engine.batch_cache import BatchKV
 from specserve.engine.batch_forward import BatchRow, verify_batch_forward
 from specserve.engine.batch_settings import BatchSettings
 from specserve.engine.decode import Engine, RequestState, StepResult, feature_layers
-from specserve.engine.lora import BASE_ADAPTER, is_peft_model
+from specserve.engine.lora import BASE_ADAPTER
+from specserve.engine.lora_batch import takes_adapters
 from specserve.engine.spec_budget import RowDraft, choose_cap
 from specserve.engine.tree import Draft, cap_draft
 
@@ -90,7 +91,11 @@ class Scheduler:
             "decode_seconds": 0.0,
             "prefill_tokens": 0,
             "prefill_seconds": 0.0,
+            "calls_seconds": 0.0,  # model changes run between steps (adapter hand-overs)
         }
+        # the decoding rows' wait per token: calls run before a step + the decode forward
+        self.recent_token_gaps: deque[float] = deque(maxlen=4096)
+        self._calls_before = 0.0
         self.last_cap: int | None = None
         self._ids = itertools.count(1)
         self._lock = threading.Condition()
@@ -157,14 +162,6 @@ class Scheduler:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def name_unnamed(self, adapter: str) -> None:
-        """Give requests without an adapter name this one (on the loop thread, between steps):
-        when a plain model becomes a peft wrapper, its base requests must stay on the base."""
-        queued = [t for q in self.waiting.values() for t in q]
-        for t in [*queued, *self.prefilling, *self.decoding]:
-            if t.state.adapter is None:
-                t.state.adapter = adapter
-
     def active(self) -> int:
         s = self.stats()
         return s["waiting"] + s["prefilling"] + s["decoding"]
@@ -221,7 +218,10 @@ class Scheduler:
         if rows:
             start = time.perf_counter()
             self._decode()
-            self.totals["decode_seconds"] += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            self.totals["decode_seconds"] += seconds
+            self.recent_token_gaps.append(self._calls_before + seconds)
+            self._calls_before = 0.0
             self.totals["decode_rows"] += rows
             self.totals["decode_steps"] += 1
             worked = True
@@ -242,11 +242,19 @@ class Scheduler:
                 if not self._calls:
                     return
                 fn, future = self._calls.popleft()
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn())
-                except BaseException as err:  # noqa: BLE001 - handed to the caller
-                    future.set_exception(err)
+            started = time.perf_counter()
+            self._run_call(fn, future)
+            seconds = time.perf_counter() - started
+            self.totals["calls_seconds"] += seconds
+            self._calls_before += seconds
+
+    @staticmethod
+    def _run_call(fn, future: Future) -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn())
+            except BaseException as err:  # noqa: BLE001 - handed to the caller
+                future.set_exception(err)
 
     def _drop_cancelled(self) -> None:
         with self._lock:
@@ -337,7 +345,7 @@ class Scheduler:
         return BatchRow(past, state.pending, draft, state.adapter, feature_layers(state))
 
     def _padding_adapter(self) -> str | None:
-        return BASE_ADAPTER if is_peft_model(self.engine.model) else None
+        return BASE_ADAPTER if takes_adapters(self.engine.model) else None
 
     def _cap(self, drafts, live: list[Ticket]) -> int | None:
         if self.relative_cost is None or len(live) < self.settings.cap_from_rows:

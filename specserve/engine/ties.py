@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from specserve.engine import hf_internals
 from specserve.engine.forward import verify_forward
-from specserve.engine.lora import adapter_kwargs
+from specserve.engine.lora_batch import lora_rows
 from specserve.engine.tree import Draft, DraftTree
 
 
@@ -55,7 +55,8 @@ def gap_noise(x: torch.Tensor, y: torch.Tensor, top: int = 5) -> float:
 def plain_logits(model, ids: list[int], adapter: str | None = None) -> torch.Tensor:
     """[len(ids), vocab] float32 logits of one cache-free causal forward (the model's own path)."""
     input_ids = torch.tensor([ids], device=model.device)
-    out = model(input_ids=input_ids, use_cache=False, **adapter_kwargs(model, [adapter]))
+    with lora_rows(model, [adapter]):
+        out = model(input_ids=input_ids, use_cache=False)
     return out.logits[0].float()
 
 

@@ -1,11 +1,13 @@
 """The Ray Serve application of configs/serve.yaml: `build_app(args)` wires a `Gateway` ingress and
 one `ModelServer-<model>` per base model; requests for a variant are multiplexed by variant@version
-so they go to replicas that already hold its adapter. The builder loads nothing itself.
+so they go to replicas that already hold its adapter, Serve's per-replica cache sized by the
+replica's resident-adapter budget. The builder loads nothing itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -15,7 +17,6 @@ from ray import serve
 from specserve.platform.settings import PlatformSettings
 
 log = logging.getLogger(__name__)
-MAX_VARIANTS_PER_REPLICA = 8  # Serve's multiplexing LRU; args.max_adapters_per_replica bounds ours
 STORE_ACTOR = "specserve-store"
 
 
@@ -83,9 +84,18 @@ class ModelServer:
         )
         log.info("model %s in %s", model_id, self.dtype)
         limits = AdapterLimits(
-            root=settings.resolved_adapter_root(), max_resident=settings.max_adapters_per_replica
+            root=settings.resolved_adapter_root(),
+            max_resident=settings.max_adapters_per_replica,
+            resident_memory_fraction=settings.adapter_memory_fraction,
         )
         adapters = ResidentAdapters(loaded.model, base_model_names(model_id), limits)
+        self.capacity = adapters.capacity  # Serve's cache and ours count the same adapters
+        log.info(
+            "%s: adapter budget %d MiB, %d adapters of rank 8",
+            model_id,
+            adapters.budget_bytes >> 20,
+            self.capacity,
+        )
         cache_dir = settings.cache_dir or default_cache_dir()
         curve, configs = cached_choices(
             cache_dir, model_id, loaded.device, loaded.dtype, ["lookahead", "prompt_lookup"]
@@ -105,12 +115,16 @@ class ModelServer:
             batch=settings.batch,
         ).start()
         self.model_id = model_id
+        self.replica = serve.get_replica_context().replica_id.unique_id
         self._warm: set = set()
+        service = self.service
 
-    @serve.multiplexed(max_num_models_per_replica=MAX_VARIANTS_PER_REPLICA)
-    async def variant(self, key: str) -> str:
-        """Serve's routing hook: marks `key` as held here (ModelService loads the adapter)."""
-        return key
+        async def hold_here(key: str) -> _Held:
+            """Serve's routing hook: marks `key` as held here (ModelService loads the adapter);
+            when Serve's cache drops it, so does the resident set (if no request holds it)."""
+            return _Held(key, service)
+
+        self.variant = serve.multiplexed(max_num_models_per_replica=self.capacity)(hold_here)
 
     async def generate(self, request: dict) -> AsyncIterator[dict]:
         from specserve.platform.service import GenerateRequest
@@ -124,11 +138,14 @@ class ModelServer:
                 self._warm.add(req.target.key)
                 await asyncio.to_thread(self.sync.warm_start, req.target.key, 0.5)
         async for event in self.service.generate(req):
+            if event.get("type") == "done":  # which replica served it (routing is observable)
+                event["specserve"]["replica"] = self.replica
             yield event
 
     def stats(self) -> dict:
         health = self.sync.health()
-        return self.service.stats() | {"pool_sync_ok": health.get("status") == "ok"} | self.dtype
+        stats = self.service.stats() | {"pool_sync_ok": health.get("status") == "ok"}
+        return stats | self.dtype | {"variant_cache_size": self.capacity}
 
     def __del__(self) -> None:
         sync = getattr(self, "sync", None)
@@ -137,6 +154,18 @@ class ModelServer:
         service = getattr(self, "service", None)
         if service is not None:
             service.stop()
+
+
+class _Held:
+    """What Serve's multiplexing cache keeps per variant on a replica; its unload evicts the
+    adapter from the replica's resident set too, so the two agree."""
+
+    def __init__(self, key: str, service) -> None:
+        self.key, self.service = key, service
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # a replica shutting down: nothing left to evict
+            self.service.release_variant(self.key)
 
 
 class ServeBackend:

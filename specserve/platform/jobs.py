@@ -98,6 +98,7 @@ def run_drafter_job(
             train_settings,
             adapter_sha256=checked.sha256,
             progress_bar=lambda total, desc: _ProgressBar(registry, key, kind, total, desc),
+            adapter=str(key),
         )
         tau = drafter.manifest.heldout_tau
         status = DrafterStatus(

@@ -17,7 +17,20 @@ MAX_DEPTH_LABEL = 16
 
 
 # cumulative since the replica started: where the engine loop's time went (Scheduler.stats)
-LOOP_TOTALS = ("decode_steps", "decode_rows", "decode_seconds", "prefill_tokens", "prefill_seconds")
+LOOP_TOTALS = (
+    "decode_steps",
+    "decode_rows",
+    "decode_seconds",
+    "prefill_tokens",
+    "prefill_seconds",
+    "calls_seconds",
+)
+ADAPTER_FIGURES = {  # figure label -> ModelServer.stats key
+    "resident": "adapters_resident",
+    "resident_bytes": "adapter_resident_bytes",
+    "budget_bytes": "adapter_budget_bytes",
+    "variant_cache_size": "variant_cache_size",
+}
 BATCH_FIGURES = (
     "waiting",
     "prefilling",
@@ -85,6 +98,13 @@ class Metrics:
             "specserve_adapter_evictions",
             "Adapter evictions",
             ["base_model", "replica"],
+            registry=r,
+        )
+        self.replica_adapters = Gauge(
+            "specserve_replica_adapters",
+            "A replica's resident adapters: count, their weight bytes, the byte budget, and the "
+            "size of Serve's multiplexing cache derived from it",
+            ["base_model", "replica", "figure"],
             registry=r,
         )
         self.replica_ongoing = Gauge(
@@ -164,6 +184,9 @@ class Metrics:
         """Adapter and pool-sync figures a model-server replica reported."""
         self.adapter_loads.labels(base_model, replica).set(stats.get("adapter_loads", 0))
         self.adapter_evictions.labels(base_model, replica).set(stats.get("adapter_evictions", 0))
+        for figure, key in ADAPTER_FIGURES.items():
+            if key in stats:
+                self.replica_adapters.labels(base_model, replica, figure).set(stats[key])
         self.replica_ongoing.labels(base_model, replica).set(stats.get("ongoing", 0))
         self.replica_cancelled.labels(base_model, replica).set(stats.get("cancelled", 0))
         self.pool_sync_degraded.labels(replica).set(0 if stats.get("pool_sync_ok", True) else 1)

@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specserve.adapters.resident import ResidentAdapters
+from specserve.adapters.resident import PreparedAdapter, ResidentAdapters
 from specserve.adapters.variants import PoolBook, VariantKey
 from specserve.engine.decode import Engine, RequestState
-from specserve.engine.lora import BASE_ADAPTER, is_peft_model
+from specserve.engine.lora import BASE_ADAPTER
 from specserve.engine.prompts import encode_messages, encode_prompt
 from specserve.engine.proposers import REGISTRY
 from specserve.engine.sampling import SamplingParams
@@ -124,6 +124,8 @@ class ModelService:
             "cancelled": self.cancelled,
             **{f"batch_{k}": v for k, v in self.scheduler.stats().items()},
             "adapters_resident": len(self.adapters.names),
+            "adapter_resident_bytes": self.adapters.resident_bytes,
+            "adapter_budget_bytes": self.adapters.budget_bytes,
             "adapter_loads": adapter_stats.loads,
             "adapter_evictions": adapter_stats.evictions,
             "adapter_load_seconds_total": round(adapter_stats.load_seconds_total, 4),
@@ -191,19 +193,35 @@ class ModelService:
             self._drafters[cache_key] = (drafter, config)
         return self._drafters[cache_key]
 
-    def ensure_variant(self, target: Target) -> str | None:
-        """Make the target's adapter resident; its resident name (`BASE_ADAPTER` for the base once
-        the model is peft-wrapped, so base rows never pick up an adapter)."""
+    def prepare_variant(self, target: Target) -> PreparedAdapter | None:
+        """Validate and convert the target's adapter unless resident (a worker thread: the
+        engine loop keeps stepping meanwhile)."""
         if target.key is None:
-            return BASE_ADAPTER if is_peft_model(self.adapters.model) else None
+            return None
         if not target.adapter_path:
             raise ValueError(f"variant {target.key}: no adapter path")
-        name = str(target.key)
-        self.adapters.ensure(name, target.adapter_path)
-        if self.engine.model is not self.adapters.model:  # the first adapter wrapped the model
-            self.engine.model = self.adapters.model
-            self.scheduler.name_unnamed(BASE_ADAPTER)  # base requests already running stay base
-        return name
+        return self.adapters.prepare(str(target.key), target.adapter_path)
+
+    def ensure_variant(self, target: Target, prepared: PreparedAdapter | None = None) -> str:
+        """Make the target's adapter resident (installing `prepared`, else loading it here);
+        its resident name, `BASE_ADAPTER` for the base model."""
+        if target.key is None:
+            return BASE_ADAPTER
+        if prepared is not None:
+            self.adapters.install(prepared)
+            return prepared.name
+        if not target.adapter_path:
+            raise ValueError(f"variant {target.key}: no adapter path")
+        self.adapters.ensure(str(target.key), target.adapter_path)
+        return str(target.key)
+
+    def release_variant(self, key: str) -> None:
+        """The router no longer places `key` here: evict its adapter between steps (kept while a
+        request holds it; LRU eviction drops it later)."""
+        if self.scheduler.running:
+            self.scheduler.call(lambda: self.adapters.evict(key))
+        else:
+            self.adapters.evict(key)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[dict]:
         """Yield delta events, then a done event; cancelling the consumer stops the decode (its
@@ -214,13 +232,15 @@ class ModelService:
         def sink(step, finished: bool) -> None:
             loop.call_soon_threadsafe(events.put_nowait, (step, finished))
 
-        # model changes (adapter loads) happen on the engine thread, between steps
         if not self.scheduler.running:
             self.start()
-        prepared = self.scheduler.call(lambda: self._prepare(request))
+        # a cold adapter is read and converted on a worker thread while the loop keeps stepping;
+        # the hand-over to the store happens on the engine thread, between steps
+        adapter = await asyncio.to_thread(self.prepare_variant, request.target)
+        started = self.scheduler.call(lambda: self._prepare(request, adapter))
         # a consumer gone before this returns drops the result: its hold (a context-manager
         # generator) is closed when the ExitStack is freed
-        state, decision, hold = await asyncio.wrap_future(prepared)
+        state, decision, hold = await asyncio.wrap_future(started)
         self.ongoing += 1
         finished = False
         try:
@@ -246,13 +266,13 @@ class ModelService:
             self.ongoing -= 1
             hold.close()
 
-    def _prepare(self, request: GenerateRequest):
+    def _prepare(self, request: GenerateRequest, prepared: PreparedAdapter | None = None):
         """On the engine thread: make the adapter resident, pick the strategy, start the request.
         Returns (state, decision, an ExitStack holding the adapter until the request ends)."""
         hold = contextlib.ExitStack()
         try:
-            adapter = self.ensure_variant(request.target)
-            if adapter not in (None, BASE_ADAPTER):
+            adapter = self.ensure_variant(request.target, prepared)
+            if adapter != BASE_ADAPTER:
                 hold.enter_context(self.adapters.hold(adapter))
             decision, config, drafter = self.choose(request)
             ids = self.encode(request)

@@ -61,7 +61,18 @@ class PlatformSettings(BaseModel):
     max_body_bytes: int = Field(1 << 20, gt=0)
     max_tokens: int = Field(1024, gt=0)
     default_max_tokens: int = Field(256, gt=0)
-    max_adapters_per_replica: int = Field(8, gt=0)
+    max_adapters_per_replica: int | None = Field(
+        None,
+        gt=0,
+        description="an extra cap on the adapters a replica keeps resident; None: its memory "
+        "budget alone decides (Serve's multiplexing cache is sized to match either way)",
+    )
+    adapter_memory_fraction: float = Field(
+        0.2,
+        gt=0,
+        le=0.9,
+        description="share of the memory free at start that resident adapter weights may take",
+    )
     max_inflight_per_model: int = Field(64, gt=0, description="gateway-side bound; beyond it 503")
     model_dirs: dict[str, Path] = Field(
         {}, description="served name -> local HF dir (not the catalog)"

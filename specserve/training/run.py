@@ -26,6 +26,7 @@ from specserve.engine.drafters.artifact import (
 )
 from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
 from specserve.engine.drafters.vocab import head_rows
+from specserve.engine.lora_batch import lora_rows
 from specserve.engine.prompts import encode_prompt
 from specserve.engine.sampling import SamplingParams
 from specserve.training import examples, trainers
@@ -79,9 +80,38 @@ def train_drafter(
     data_dir: Path | None = None,
     log: Callable[[str], object] = lambda msg: None,
     progress_bar: Callable | None = None,
+    adapter: str | None = None,
 ) -> Drafter:
     """Train (or resume) and save; returns the loaded drafter. `progress_bar(total, desc)`
-    makes a tqdm-like bar (update(n), set_postfix_str(s), close())."""
+    makes a tqdm-like bar (update(n), set_postfix_str(s), close()). `adapter`: the resident
+    adapter every forward of the target applies (None: the model as it is)."""
+    with lora_rows(model, [adapter]):
+        return _train(
+            model,
+            tokenizer,
+            model_id,
+            eos_ids,
+            out_dir,
+            settings,
+            adapter_sha256,
+            data_dir,
+            log,
+            progress_bar,
+        )
+
+
+def _train(
+    model,
+    tokenizer,
+    model_id,
+    eos_ids,
+    out_dir,
+    settings,
+    adapter_sha256,
+    data_dir,
+    log,
+    progress_bar,
+) -> Drafter:
     started = time.monotonic()
     budget_s = settings.budget_minutes * 60
     out_dir = Path(out_dir)

@@ -1,4 +1,5 @@
-"""Adapters on a shared base: exact against merged weights, mixed batches, LRU, refusals."""
+"""Adapters on a shared base: exact against merged weights, mixed batches, LRU within a byte
+budget, loads prepared off the engine thread, refusals."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
 from specserve.engine.decode import Engine
 from specserve.engine.lora import BASE_ADAPTER
+from specserve.engine.lora_batch import lora_rows
 from specserve.engine.sampling import SamplingParams
 
 BASE = "tiny-llama"
@@ -47,9 +49,8 @@ def _generate(model, tokenizer, strategy, config, adapter=None, max_new=30):
 
 
 def _logits(model, ids, adapters):
-    kwargs = {"adapter_names": [a or BASE_ADAPTER for a in adapters]}
-    with torch.no_grad():
-        return model(input_ids=ids, **kwargs).logits
+    with torch.no_grad(), lora_rows(model, [a or BASE_ADAPTER for a in adapters]):
+        return model(input_ids=ids).logits
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
@@ -66,7 +67,7 @@ def test_every_strategy_with_adapter_equals_merged_weights(
         want = _generate(merged[key], tokenizer, "ar", None)
         assert want != reference_base  # the adapter really changes the output
         assert _generate(resident.model, tokenizer, strategy, config, adapter=key) == want
-    # base rows on the wrapped model are the untouched base
+    # base rows are the untouched base
     assert (
         _generate(resident.model, tokenizer, strategy, config, adapter=BASE_ADAPTER)
         == reference_base
@@ -97,8 +98,8 @@ def test_lru_evicts_least_recent_and_unloads(resident, base, make_adapter):
     resident.ensure("a0@1", paths["a0@1"])  # a hit makes a0 most recent
     resident.ensure("a3@1", paths["a3@1"])  # evicts a1, the least recent
     assert resident.names == ["a2@1", "a0@1", "a3@1"]
-    assert set(resident.model.peft_config) == {"a2@1", "a0@1", "a3@1"}
-    assert not [n for n, _ in resident.model.named_parameters() if ".a1@1." in n]
+    assert resident.store.names == ["a0@1", "a2@1", "a3@1"]  # a1's tensors are gone
+    assert resident.resident_bytes == resident.store.resident_bytes
     assert (resident.stats.loads, resident.stats.hits, resident.stats.evictions) == (4, 1, 1)
     assert resident.stats.load_seconds_total > 0
 
@@ -107,7 +108,7 @@ def test_eviction_by_bytes(base, make_adapter, adapter_root):
     probe = ResidentAdapters(copy.deepcopy(base), [BASE], AdapterLimits(root=adapter_root))
     probe.ensure("p@1", make_adapter("p", base))
     one = probe.resident_bytes
-    limits = AdapterLimits(root=adapter_root, max_resident=10, max_resident_bytes=2 * one + 1)
+    limits = AdapterLimits(root=adapter_root, max_resident_bytes=2 * one + 1)
     resident = ResidentAdapters(base, [BASE], limits)
     for i in range(3):
         resident.ensure(f"b{i}@1", make_adapter(f"b{i}", base, seed=i))
@@ -172,25 +173,27 @@ def test_refusal_leaves_base_and_resident_adapters_untouched(
     bad = _break(kind, make_adapter("bad", base, seed=4), tmp_path)
     with pytest.raises(errors.AdapterError):
         resident.ensure("bad@1", bad)
-    assert resident.names == ["ok@1"] and set(resident.model.peft_config) == {"ok@1"}
+    assert resident.names == ["ok@1"] and resident.store.names == ["ok@1"]
     for adapter, logits in before.items():
         torch.testing.assert_close(_logits(resident.model, ids, [adapter]), logits, rtol=0, atol=0)
     assert sum(resident.stats.refusals.values()) == 1
 
 
-def test_refusal_before_any_adapter_leaves_base_unwrapped(resident, base, make_adapter, tmp_path):
+def test_the_model_stays_the_plain_base(resident, base, make_adapter, tmp_path):
     bad = _break("pickle", make_adapter("bad", base), tmp_path)
     with pytest.raises(errors.PickleFormatError):
         resident.ensure("bad@1", bad)
-    assert resident.model is base
+    resident.ensure("ok@1", make_adapter("ok", base, seed=3))
+    assert resident.model is base and type(base).__name__ == "LlamaForCausalLM"
+    assert not [n for n, _ in base.named_parameters() if "lora" in n]  # nothing injected
 
 
 def test_engine_refuses_unknown_adapter(resident, base, make_adapter, tokenizer):
     resident.ensure("k@1", make_adapter("k", base))
     with pytest.raises(ValueError, match="not resident"):
         Engine(resident.model, tokenizer, frozenset()).start(PROMPT, adapter="zz@1")
-    plain = copy.deepcopy(resident.model).merge_and_unload()  # no peft wrapper left
-    with pytest.raises(ValueError, match="no LoRA adapters"):
+    plain = copy.deepcopy(base)  # a copy has no store: it takes no adapters
+    with pytest.raises(ValueError, match="takes no adapters"):
         Engine(plain, tokenizer, frozenset()).start(PROMPT, adapter="k@1")
 
 
@@ -200,18 +203,14 @@ def test_bad_adapter_names_refused(resident, base, make_adapter, name):
         resident.ensure(name, make_adapter("n", base))
 
 
-def test_none_means_the_models_default_and_base_adapter_means_base(
-    resident, base, make_adapter, tokenizer
-):
-    from specserve.engine.lora import adapter_kwargs
-
+def test_none_means_the_models_default_and_base_adapter_means_base(resident, base, make_adapter):
+    """On a store model None is the base (no adapter is ever 'active'); mixed with names,
+    None rows are base rows."""
     resident.ensure("only@1", make_adapter("only", base, seed=9))
-    ids = torch.arange(12)[None]
-    active = _logits(resident.model, ids, ["only@1"])
+    ids = torch.arange(12)[None].repeat(2, 1)
     with torch.no_grad():
-        default = resident.model(input_ids=ids, **adapter_kwargs(resident.model, [None])).logits
-    torch.testing.assert_close(default, active, rtol=0, atol=0)  # peft's active adapter
-    assert adapter_kwargs(resident.model, ["only@1", None]) == {
-        "adapter_names": ["only@1", BASE_ADAPTER]
-    }
-    assert adapter_kwargs(copy.deepcopy(base), [BASE_ADAPTER]) == {}
+        plain = resident.model(input_ids=ids).logits
+    torch.testing.assert_close(_logits(resident.model, ids, [None, None]), plain, rtol=0, atol=0)
+    mixed = _logits(resident.model, ids, ["only@1", None])
+    torch.testing.assert_close(mixed[1], plain[1], rtol=0, atol=0)
+    assert not torch.allclose(mixed[0], plain[0], atol=1e-3)

@@ -55,20 +55,26 @@ def test_rows_equal_peft_mixed_batch_and_merged_weights(model):
 
 
 def test_selector_keeps_each_rows_own_block(model):
-    from specserve.engine.lora_batch import _BY_MODEL
+    from specserve.engine.lora_batch import row_lora
 
     ids = torch.randint(0, 96, (3, 2))
+    rows = row_lora(model)
     with lora_rows(model, ["x2", BASE_ADAPTER, "x1"]):
-        batched = _BY_MODEL[model]
-        select = batched._selector(2, torch.zeros(1))  # present x1, x2: blocks 1 and 2
+        now = rows._now
+        # present x1 (rank 4), x2 (rank 2): blocks 1 and 2 side by side on a module both touch
+        select = rows._selector(now, ((1, 4), (2, 2)), torch.zeros(1))
         model(input_ids=ids)
-    assert select[:, 0].tolist() == [[0, 0, 1, 1], [0, 0, 0, 0], [1, 1, 0, 0]]
+    assert select[:, 0].tolist() == [[0] * 4 + [1] * 2, [0] * 6, [1] * 4 + [0] * 2]
+    q_proj = next(m for n, m in model.named_modules() if n.endswith("layers.0.self_attn.q_proj"))
+    assert now.picks[q_proj][2] == ((1, 4), (2, 2))  # both adapters target q_proj
+    v_proj = next(m for n, m in model.named_modules() if n.endswith("layers.0.self_attn.v_proj"))
+    assert now.picks[v_proj][2] == ((1, 4),)  # only x1 does: x2's rows add nothing there
 
 
 def test_a_forward_computes_only_the_adapters_its_batch_holds(tiny_llama):
     """Twelve resident, two in the batch: the picked blocks are 2 x rank wide (one adapter's
     are views of the stack, no copy), and the rows still equal peft's own mixed batch."""
-    from specserve.engine.lora_batch import _BY_MODEL
+    from specserve.engine.lora_batch import row_lora
 
     base = copy.deepcopy(tiny_llama(1, init_range=0.1))
     config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
@@ -82,14 +88,15 @@ def test_a_forward_computes_only_the_adapters_its_batch_holds(tiny_llama):
     names = ["a7", "a3", "a7"]
     ours = _logits(m, ids, names)
     torch.testing.assert_close(ours, m(input_ids=ids, adapter_names=names).logits)
-    batched = _BY_MODEL[m]
-    layer = next(iter(batched._stacks))
-    a3, a7 = batched._names["a3"], batched._names["a7"]
-    a, b = batched._picked[(a3, a7)][layer]
+    rows = row_lora(m)
+    layer = next(iter(rows._hooks))
+    key = (rows._serial["a3"], rows._serial["a7"])
+    a, b, _ = rows._picked[key][layer]
     assert a.shape == (2 * 4, 64) and b.shape[1] == 2 * 4
+    assert len(rows._picked[key]) == len(rows._hooks)  # every touched layer picked once
     _logits(m, ids[:1], ["a7"])  # a prefill of one request: only its own blocks, as views
-    a, _ = batched._picked[(a7,)][layer]
-    assert a.untyped_storage().data_ptr() == batched._stacks[layer][0].untyped_storage().data_ptr()
+    a, _, _ = rows._picked[(rows._serial["a7"],)][layer]
+    assert a.data_ptr() == rows._adapters["a7"][layer][0].data_ptr()
 
 
 def test_a_rows_result_does_not_depend_on_its_neighbours(model):

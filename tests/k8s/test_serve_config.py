@@ -90,7 +90,7 @@ def test_platform_contract():
     assert (
         args["max_body_bytes"] > 0
         and args["max_tokens"] > 0
-        and args["max_adapters_per_replica"] > 0
+        and 0 < args["adapter_memory_fraction"] < 1
     )
     names = [d["name"] for d in app["deployments"]]
     assert names == ["Gateway"] + [f"ModelServer-{m}" for m in args["models"]]

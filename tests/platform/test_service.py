@@ -327,8 +327,8 @@ def test_request_cancelled_while_being_prepared_releases_its_adapter(
     entered, gate = threading.Event(), threading.Event()
     ensure = service.ensure_variant
 
-    def slow_ensure(t):
-        name = ensure(t)
+    def slow_ensure(t, prepared=None):
+        name = ensure(t, prepared)
         entered.set()
         gate.wait(10)  # preparation is running when the consumer leaves
         return name
@@ -350,3 +350,42 @@ def test_request_cancelled_while_being_prepared_releases_its_adapter(
     assert events[-1]["usage"]["completion_tokens"] == 4
     assert all(r.holds == 0 for r in service.adapters._resident.values())
     assert service.ongoing == 0 and service.scheduler.active() == 0
+
+
+def test_a_cold_adapter_loads_while_the_loop_keeps_decoding(service, make_adapter, tiny_llama):
+    """Validation and conversion of a cold adapter run on a worker thread: the engine loop keeps
+    decoding another request meanwhile (it would stand still if the load ran on it); only the
+    hand-over to the store runs on the loop, between steps."""
+    import threading
+    import time
+
+    path = make_adapter("cold", tiny_llama(1, init_range=0.1), seed=3)
+    target = Target(name="cold", version=1, adapter_path=str(path), version_times=[1e6 - 10])
+    prepare = service.adapters.prepare
+    seen = {}
+
+    def slow_prepare(name, adapter_path):
+        seen["thread"] = threading.current_thread().name
+        start, deadline = service.scheduler.steps, time.monotonic() + 20
+        while service.scheduler.steps < start + 5 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        seen["steps"] = service.scheduler.steps - start
+        return prepare(name, adapter_path)
+
+    service.adapters.prepare = slow_prepare
+
+    async def collect(request):
+        return [e async for e in service.generate(request)]
+
+    async def go():
+        long = asyncio.ensure_future(collect(_request(strategy="ar", max_new=200)))
+        while service.scheduler.stats()["decoding"] == 0:
+            await asyncio.sleep(0.005)
+        cold = await collect(_request(target, strategy="ar", max_new=4))
+        return await long, cold
+
+    long_events, cold_events = asyncio.run(go())
+    assert seen["steps"] >= 5 and seen["thread"] != service.scheduler._thread.name
+    assert cold_events[-1]["usage"]["completion_tokens"] == 4
+    assert long_events[-1]["usage"]["completion_tokens"] == 200
+    assert service.adapters.names == ["cold@1"]

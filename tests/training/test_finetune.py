@@ -161,7 +161,8 @@ def test_finetune_on_a_bf16_base_learns_with_float32_lora_weights(tiny_llama, tm
     resident = ResidentAdapters(fresh, ["tiny"], AdapterLimits(root=out.parent))
     resident.ensure("pattern@1", out)
     engine = Engine(resident.model, SpaceTokenizer(), frozenset())
-    variant = engine.generate(PATTERN[:8], SamplingParams(max_new_tokens=12), "ar").output_ids
+    params = SamplingParams(max_new_tokens=12)
+    variant = engine.generate(PATTERN[:8], params, "ar", adapter="pattern@1").output_ids
     assert variant == (PATTERN * 3)[8:20]
 
 
