@@ -41,15 +41,20 @@ def _logits(model, ids, name):
 
 
 CONFIGS = {
-    "plain": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
-    "rslora": dict(r=4, lora_alpha=8, use_rslora=True, target_modules=["q_proj", "down_proj"]),
-    "patterns": dict(
-        r=4,
-        lora_alpha=8,
-        target_modules=["q_proj", "v_proj", "o_proj"],
-        rank_pattern={"v_proj": 2, "layers.1.self_attn.q_proj": 8},
-        alpha_pattern={"o_proj": 3},
-    ),
+    "plain": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+    "rslora": {
+        "r": 4,
+        "lora_alpha": 8,
+        "use_rslora": True,
+        "target_modules": ["q_proj", "down_proj"],
+    },
+    "patterns": {
+        "r": 4,
+        "lora_alpha": 8,
+        "target_modules": ["q_proj", "v_proj", "o_proj"],
+        "rank_pattern": {"v_proj": 2, "layers.1.self_attn.q_proj": 8},
+        "alpha_pattern": {"o_proj": 3},
+    },
 }
 
 
