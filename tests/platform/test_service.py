@@ -389,3 +389,21 @@ def test_a_cold_adapter_loads_while_the_loop_keeps_decoding(service, make_adapte
     assert cold_events[-1]["usage"]["completion_tokens"] == 4
     assert long_events[-1]["usage"]["completion_tokens"] == 200
     assert service.adapters.names == ["cold@1"]
+
+
+def test_release_variant_evicts_an_idle_adapter_and_keeps_a_held_one(
+    service, make_adapter, tiny_llama
+):
+    """What Serve's multiplexing unload calls (app._Held): the router no longer places the
+    variant here, so its adapter leaves the resident set, unless a request still holds it."""
+    base = tiny_llama(1, init_range=0.1)
+    for name in ("idle", "busy"):
+        service.adapters.ensure(f"{name}@1", make_adapter(name, base, seed=len(name)))
+    with service.adapters.hold("busy@1"):
+        service.release_variant("busy@1")
+        service.release_variant("idle@1")
+        assert service.adapters.names == ["busy@1"]
+        assert service.adapters.store.names == ["busy@1"]
+    service.release_variant("gone@1")  # never resident: nothing to do
+    assert service.stats()["adapters_resident"] == 1
+    assert service.stats()["adapter_budget_bytes"] >= service.stats()["adapter_resident_bytes"] > 0
