@@ -13,6 +13,7 @@ from peft import LoraConfig, get_peft_model
 
 from specserve.engine.decode import Engine
 from specserve.engine.lora import BASE_ADAPTER
+from specserve.engine.lora_store import attach_store
 from specserve.engine.sampling import SamplingParams
 
 ADAPTERS = ["v1", "v2", "v3"]
@@ -25,9 +26,10 @@ STRATEGIES = {
 }
 
 
-def with_adapters(base, names: list[str], targets=("q_proj", "v_proj", "down_proj")):
-    """A peft-wrapped copy of `base` holding rank-4 adapters `names` on `targets`, each with
-    seeded random B (so each changes the output); frozen, eval."""
+def with_adapters(base, names: list[str], targets=("q_proj", "v_proj", "down_proj"), peft=False):
+    """A copy of `base` holding rank-4 adapters `names` on `targets`, each with seeded random B
+    (so each changes the output); frozen, eval. By default the adapters sit in the copy's
+    LoRAStore (the serving path); `peft=True` returns the peft wrapper they were made in."""
     config = LoraConfig(r=4, lora_alpha=8, target_modules=list(targets))
     model = get_peft_model(copy.deepcopy(base), config, adapter_name=names[0])
     for name in names[1:]:
@@ -38,7 +40,23 @@ def with_adapters(base, names: list[str], targets=("q_proj", "v_proj", "down_pro
             if "lora_B" in name:
                 p.normal_(0, 0.2)
     model.requires_grad_(False)
-    return model.eval()
+    if peft:
+        return model.eval()
+    plain = copy.deepcopy(base).eval()
+    store = attach_store(plain)
+    for name in names:
+        store.add(name, peft_tensors(model, name))
+    return plain
+
+
+def peft_tensors(peft_model, name: str) -> dict:
+    """{module name in the base: (A, B x scaling)} of adapter `name`, read from peft's layers."""
+    out = {}
+    for module_name, m in peft_model.base_model.model.named_modules():
+        if hasattr(m, "lora_A") and name in m.lora_A:
+            a = m.lora_A[name].weight.detach().clone()
+            out[module_name] = a, m.lora_B[name].weight.detach() * m.scaling[name]
+    return out
 
 
 def prompt(rng: random.Random, n: int) -> list[int]:

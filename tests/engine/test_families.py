@@ -9,12 +9,13 @@ from __future__ import annotations
 import copy
 import random
 
-import peft
 import pytest
 import torch
 from conftest import FAMILIES, WINDOW, make_tiny_family
 from schedules import STRATEGIES, alone, prompt, requests, run, with_adapters
 
+from specserve.adapters.resident import ResidentAdapters
+from specserve.adapters.settings import AdapterLimits
 from specserve.engine import families, hf_internals
 from specserve.engine.decode import Engine
 from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
@@ -95,16 +96,19 @@ def test_scheduler_batches_equal_each_request_alone(family, tokenizer):
     assert scheduler.active() == 0 and scheduler.kv.rows == 0
 
 
-@pytest.mark.parametrize("family", ["phi3", "gpt_neox", "gemma2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_lora_on_the_familys_projections_equals_merged_weights(
-    family, tokenizer, make_adapter, merge_adapter
+    family, tokenizer, make_adapter, merge_adapter, adapter_root
 ):
+    """The serving path: the adapter file validated into the base's LoRAStore (no peft)."""
+    from conftest import BASE_NAME
+
     base = copy.deepcopy(make_tiny_family(family, seed=1))
     targets = LORA_TARGETS.get(family, ("q_proj", "v_proj", "down_proj"))
     path = make_adapter("v", base, targets=targets, scale=0.5)
     merged = merge_adapter(base, path)
-    wrapped = peft.PeftModel.from_pretrained(base, path, adapter_name="v").eval()
-    engine = Engine(wrapped, tokenizer, frozenset(), drafters=_drafters(wrapped))
+    ResidentAdapters(base, [BASE_NAME], AdapterLimits(root=adapter_root)).ensure("v", path)
+    engine = Engine(base, tokenizer, frozenset(), drafters=_drafters(base))
     for ids in _prompts():
         want = _greedy(merged, ids)
         assert want != _greedy(make_tiny_family(family, seed=1), ids)  # the adapter matters

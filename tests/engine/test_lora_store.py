@@ -10,6 +10,7 @@ import threading
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from schedules import peft_tensors
 
 from specserve.engine.lora import BASE_ADAPTER
 from specserve.engine.lora_batch import lora_rows, resident_adapters, takes_adapters
@@ -39,18 +40,8 @@ def pair(tiny_llama):
     plain = copy.deepcopy(base).eval()
     store = attach_store(plain)
     for name in TARGETS:
-        store.add(name, _tensors(peft_model, name))
+        store.add(name, peft_tensors(peft_model, name))
     return plain, peft_model
-
-
-def _tensors(peft_model, name):
-    """{module name in the base: (A, B x scaling)} read from peft's layers."""
-    out = {}
-    for module_name, m in peft_model.base_model.model.named_modules():
-        if hasattr(m, "lora_A") and name in m.lora_A:
-            a = m.lora_A[name].weight.detach().clone()
-            out[module_name] = a, m.lora_B[name].weight.detach() * m.scaling[name]
-    return out
 
 
 def _logits(model, ids, names):

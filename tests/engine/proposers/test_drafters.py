@@ -200,7 +200,7 @@ def lora_model(tiny_llama):
     """A peft-wrapped tiny Llama whose adapter really changes the output."""
     from schedules import with_adapters
 
-    return with_adapters(tiny_llama(1, init_range=0.1), ["default"])
+    return with_adapters(tiny_llama(1, init_range=0.1), ["default"], peft=True)
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
