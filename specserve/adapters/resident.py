@@ -27,6 +27,7 @@ from specserve.engine.lora import BASE_ADAPTER
 from specserve.engine.lora_store import attach_store
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-@]{0,127}")
+PENDING_LIMIT = 64  # prepared adapters awaiting their hand-over, at most
 
 
 @dataclass
@@ -75,6 +76,7 @@ class ResidentAdapters:
         self._resident: OrderedDict[str, _Resident] = OrderedDict()  # least recent first
         self._lock = threading.RLock()
         self._loading: dict[str, threading.Lock] = {}  # one conversion per name at a time
+        self._pending: OrderedDict[str, PreparedAdapter] = OrderedDict()  # prepared, not installed
 
     @property
     def names(self) -> list[str]:
@@ -109,6 +111,8 @@ class ResidentAdapters:
         with lock:  # a second request for the same cold adapter waits for the first's tensors
             if name in self._resident:
                 return None
+            if name in self._pending:
+                return self._pending[name]
             started = time.perf_counter()
             try:
                 adapter = validate_adapter(path, self.spec, self.limits)
@@ -119,11 +123,18 @@ class ResidentAdapters:
                 self._refused(err)
                 raise
             light = dataclasses.replace(adapter, weights=b"")
-            return PreparedAdapter(name, light, tensors, n_bytes, time.perf_counter() - started)
+            prepared = PreparedAdapter(name, light, tensors, n_bytes, time.perf_counter() - started)
+            with self._lock:
+                self._pending[name] = prepared
+                while len(self._pending) > PENDING_LIMIT:  # requests gone before installing
+                    self._pending.popitem(last=False)
+            return prepared
 
     def install(self, prepared: PreparedAdapter) -> ValidatedAdapter:
         """Hand prepared tensors to the store, evicting idle adapters to fit (engine thread)."""
         with self._lock:
+            if self._pending.get(prepared.name) is prepared:
+                del self._pending[prepared.name]
             if prepared.name in self._resident:
                 return self.touch(prepared.name)
             started = time.perf_counter()

@@ -247,12 +247,12 @@ class PeftRows(RowLoRA):
         return names, tuple(first.lora_A[n].weight.data_ptr() for n in names if n in first.lora_A)
 
     def _sync(self) -> None:
+        if self._hooks and self._key_of(list(self._hooks)) == self._key:
+            return  # nothing added, removed or reloaded (checked on one layer, not a module walk)
         layers = self._layers()
         if not layers:
             raise ValueError("peft model without LoRA layers")
         key = self._key_of(layers)
-        if key == self._key:
-            return
         if any(not hasattr(m, "_disable_adapters") for m in layers):
             raise RuntimeError("peft LoRA layers lack `_disable_adapters`")
         self._drop_all()

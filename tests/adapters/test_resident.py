@@ -214,3 +214,33 @@ def test_none_means_the_models_default_and_base_adapter_means_base(resident, bas
     mixed = _logits(resident.model, ids, ["only@1", None])
     torch.testing.assert_close(mixed[1], plain[1], rtol=0, atol=0)
     assert not torch.allclose(mixed[0], plain[0], atol=1e-3)
+
+
+def test_concurrent_prepares_of_one_cold_adapter_convert_it_once(
+    resident, base, make_adapter, monkeypatch
+):
+    """Requests racing for the same cold adapter share one validation and conversion; a late
+    duplicate hand-over is a hit, not a second load."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import specserve.adapters.resident as module
+
+    path = make_adapter("p", base)
+    calls = []
+    real = module.validate_adapter
+
+    def slow(*args, **kwargs):
+        calls.append(1)
+        time.sleep(0.2)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "validate_adapter", slow)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: resident.prepare("p@1", path), range(4)))
+    assert len(calls) == 1 and all(g is got[0] for g in got)
+    assert resident.install(got[0]).sha256 == got[0].adapter.sha256
+    assert resident.prepare("p@1", path) is None  # resident now
+    resident.install(got[1])
+    assert (resident.stats.loads, resident.stats.hits) == (1, 1)
+    assert got[0].adapter.weights == b""  # the file bytes are not kept
