@@ -83,13 +83,13 @@ def _compile(args, loaded, features: bool = False):
     """Compile the target's verify forward when `--compile` decides so (warming it now, with the
     measurement cached for `auto`); returns the bench/tune record of what was decided."""
     from specserve.engine import compile_choice, compiled
-    from specserve.engine.lora import is_peft_model
+    from specserve.engine.lora_batch import takes_adapters
 
     mode = getattr(args, "compile", "off")
     cache_dir = _cache_dir(args)
     record = compile_choice.cached_record(cache_dir, loaded.model_id, loaded.device, loaded.dtype)
     decision = compile_choice.decide(mode, record, loaded.dtype)
-    if decision.enabled and is_peft_model(loaded.model) and mode == "auto":
+    if decision.enabled and takes_adapters(loaded.model) and mode == "auto":
         decision = compile_choice.CompileDecision(
             enabled=False, reason="auto: a model with a LoRA adapter stays eager"
         )
@@ -235,7 +235,7 @@ DRAFTER_KINDS = ("medusa", "eagle")
 
 def _load_target(args):
     """(loaded, adapter sha256, adapter name): the served model and, with --adapter DIR, its LoRA
-    adapter validated (safetensors only, matching base, limits) and loaded through peft; the
+    adapter validated (safetensors only, matching base, limits) into the model's LoRA store; the
     fingerprint is what drafters are keyed to. Without --adapter: (loaded, None, None)."""
     loaded = _load(args)
     adapter = getattr(args, "adapter", None)
@@ -248,7 +248,6 @@ def _load_target(args):
     limits = AdapterLimits(root=path.parent)
     resident = ResidentAdapters(loaded.model, base_model_names(loaded.model_id), limits)
     checked = resident.ensure(ADAPTER_NAME, path)
-    loaded.model = resident.model
     _log(f"adapter {path} (rank {checked.rank}, sha256 {checked.sha256[:12]}) loaded")
     return loaded, checked.sha256, ADAPTER_NAME
 
@@ -285,7 +284,7 @@ def cmd_train_drafter(args) -> int:
     from specserve.training.run import DrafterTrainSettings, train_drafter
 
     settings = DrafterTrainSettings(kind=args.kind, budget_minutes=args.budget_minutes)
-    loaded, adapter_sha, _ = _load_target(args)  # the adapter is peft's active one in training
+    loaded, adapter_sha, adapter = _load_target(args)
     cache = args.cache_dir or default_cache_dir()
     drafter = train_drafter(
         loaded.model,
@@ -298,15 +297,19 @@ def cmd_train_drafter(args) -> int:
         data_dir=cache / "distill",
         log=_log,
         progress_bar=lambda total, desc: tqdm(total=total, desc=desc, file=sys.stderr),
+        adapter=adapter,
     )
     print(drafter.manifest.model_dump_json(indent=1))
     return 0
 
 
 def cmd_tune(args) -> int:
-    loaded, _, _ = _load_target(args)
+    from specserve.engine.lora_batch import lora_rows
+
+    loaded, _, adapter = _load_target(args)
     compile_record = _compile(args, loaded)
-    _, _, choices, curve = _tuned_methods(args, loaded, args.strategies.split(","), _log)
+    with lora_rows(loaded.model, [adapter]):  # the variant is what gets tuned
+        _, _, choices, curve = _tuned_methods(args, loaded, args.strategies.split(","), _log)
     choice = loaded.dtype_choice.model_dump() if loaded.dtype_choice is not None else None
     out = {"dtype": str(loaded.dtype), "dtype_choice": choice, "compile": compile_record}
     out["cost_curve_ms"] = curve.ms
@@ -477,7 +480,7 @@ def cmd_variants(args) -> int:
             parse_overrides(args.hint, scoped=False),
         )
     elif args.action == "list":
-        out = client.call("GET", "/variants")
+        out = client.list_variants(args.limit, args.after)
     elif args.action == "show":
         out = client.call("GET", f"/variants/{args.name}")
     elif args.action == "delete":
@@ -510,7 +513,7 @@ def cmd_loadtest(args) -> int:
     if args.overload_factor > 0 and int(args.overload_factor * capacity) < 1:
         raise ValueError("--overload-factor: needs --overload-capacity or --concurrency levels")
     client = AdminClient.from_env(args.url, args.token, _cache_dir(args))
-    known = {v["name"] for v in client.call("GET", "/variants")["variants"]}
+    known = {v["name"] for v in client.list_variants()["variants"]}
     names = [f"load-{i}" for i in range(args.variants)]
     for name in names:
         if name not in known:
@@ -795,7 +798,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--adapter", required=True, help="adapter directory under the server's adapter root"
     )
     reg.add_argument("--hint", action="append", default=[], help="policy hint KEY=VALUE")
-    var_sub.add_parser("list", parents=[common])
+    ls = var_sub.add_parser("list", parents=[common], help="variants in name order, paged")
+    ls.add_argument("--limit", type=int, default=None, help="at most N (default: every one)")
+    ls.add_argument("--after", default=None, help="start after this name (a previous last_id)")
     for action in ("show", "delete"):
         var_sub.add_parser(action, parents=[common]).add_argument("name")
     tr = var_sub.add_parser("train", parents=[common], help="start (or --cancel) drafter training")

@@ -228,7 +228,7 @@ class FakeHandler(BaseHTTPRequestHandler):
         n = self.server.inflight
         if self.path == "/healthz":
             self._send(200, json.dumps({"status": "ok", "inflight": {"m": n}}), "application/json")
-        elif self.path == "/admin/variants":
+        elif self.path.split("?")[0] == "/admin/variants":
             self._send(200, json.dumps({"variants": [{"name": "load-0"}]}), "application/json")
         elif self.path == "/metrics":
             figures = {"decoding": n, "waiting": 0, "prefilling": 0, "kv_reserved_tokens": 10 * n}

@@ -1,5 +1,6 @@
 """The admin API (/admin, bearer token): register/list/show/delete variants, force a strategy,
 read/change policy settings, start/follow/cancel drafter training. 401 without a token, 403 wrong.
+The variant list is paged (`limit`, `after` a name; `has_more`, `first_id`, `last_id`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.adapters.errors import AdapterError
@@ -18,7 +20,15 @@ from specserve.adapters.validate import BaseModelSpec, validate_adapter
 from specserve.adapters.variants import VariantKey
 from specserve.engine.proposers import REGISTRY
 from specserve.platform.openai_api import ApiError
-from specserve.platform.registry import DrafterStatus, Registry, UnknownVariant, VariantSpec
+from specserve.platform.registry import (
+    MAX_PAGE,
+    Acceptance,
+    DrafterStatus,
+    Registry,
+    UnknownVariant,
+    VariantInfo,
+    VariantSpec,
+)
 from specserve.policies.router import DrafterView, VariantView, decide
 from specserve.policies.settings import PolicySettings
 
@@ -40,6 +50,9 @@ class TrainBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: str = "eagle"
     budget_minutes: float | None = Field(None, gt=0)
+
+
+DEFAULT_PAGE = 100
 
 
 class Admin:
@@ -108,30 +121,28 @@ class Admin:
 
     def show(self, name: str) -> dict:
         info = self._info(name)
-        current = info.current
-        drafters = self.registry.drafters(current.key)
-        acceptance = self.registry.acceptance(current.key)
-        view = VariantView(
-            name,
-            current.version,
-            [v.created_at for v in info.versions],
-            [DrafterView(k, d.state, d.tau) for k, d in drafters.items()],
-            {s: (a.tau or 0.0, a.tokens) for s, a in acceptance.items()},
-            info.override,
+        key = info.current.key
+        return _describe(
+            info, self.registry.drafters(key), self.registry.acceptance(key), self.policy()
         )
-        decision = decide(view, 0, self.policy(), time.time())
+
+    def list_page(self, limit: int = DEFAULT_PAGE, after: str | None = None) -> dict:
+        """One page of `show`s in name order, OpenAI-list style; a fixed number of store reads
+        per page (not per variant)."""
+        page = self.registry.page(limit, after)
+        keys = [info.current.key for info in page.variants]
+        drafters, acceptance = self.registry.drafters_of(keys), self.registry.acceptance_of(keys)
+        policy = self.policy()
+        shown = [
+            _describe(info, d, a, policy)
+            for info, d, a in zip(page.variants, drafters, acceptance, strict=True)
+        ]
         return {
-            "name": name,
-            "versions": [v.model_dump() for v in info.versions],
-            "current_version": current.version,
-            "override": info.override,
-            "strategy": decision.strategy,
-            "reason": decision.reason,
-            "drafters": {k: d.model_dump() for k, d in drafters.items()},
-            "acceptance": {
-                s: a.model_dump() | {"tau": a.tau, "acceptance_rate": a.acceptance_rate}
-                for s, a in acceptance.items()
-            },
+            "object": "list",
+            "variants": shown,
+            "has_more": page.has_more,
+            "first_id": shown[0]["name"] if shown else None,
+            "last_id": shown[-1]["name"] if shown else None,
         }
 
     def _info(self, name: str):
@@ -221,8 +232,11 @@ def admin_router(admin: Admin) -> APIRouter:
         return admin.register(body)
 
     @router.get("/variants")
-    def list_variants():
-        return {"variants": [admin.show(info.name) for info in admin.registry.list()]}
+    def list_variants(
+        limit: int = Query(DEFAULT_PAGE, ge=1, le=MAX_PAGE, description="variants per page"),
+        after: str | None = Query(None, description="the last name of the previous page"),
+    ):
+        return JSONResponse(admin.list_page(limit, after))  # plain data: no jsonable_encoder
 
     @router.get("/variants/{name}")
     def show(name: str):
@@ -262,3 +276,35 @@ def admin_router(admin: Admin) -> APIRouter:
         return admin.set_policy(body)
 
     return router
+
+
+def _describe(
+    info: VariantInfo,
+    drafters: dict[str, DrafterStatus],
+    acceptance: dict[str, Acceptance],
+    policy: PolicySettings,
+) -> dict:
+    """What `show` answers for one variant: versions, override, the policy's decision now."""
+    current = info.current
+    view = VariantView(
+        info.name,
+        current.version,
+        [v.created_at for v in info.versions],
+        [DrafterView(k, d.state, d.tau) for k, d in drafters.items()],
+        {s: (a.tau or 0.0, a.tokens) for s, a in acceptance.items()},
+        info.override,
+    )
+    decision = decide(view, 0, policy, time.time())
+    return {
+        "name": info.name,
+        "versions": [v.model_dump() for v in info.versions],
+        "current_version": current.version,
+        "override": info.override,
+        "strategy": decision.strategy,
+        "reason": decision.reason,
+        "drafters": {k: d.model_dump() for k, d in drafters.items()},
+        "acceptance": {
+            s: a.model_dump() | {"tau": a.tau, "acceptance_rate": a.acceptance_rate}
+            for s, a in acceptance.items()
+        },
+    }

@@ -8,6 +8,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlencode
 
 
 class AdminClient:
@@ -51,6 +52,29 @@ class AdminClient:
             "hints": hints,
         }
         return self.call("POST", "/variants", body)
+
+    def list_variants(
+        self, limit: int | None = None, after: str | None = None, page_size: int = 100
+    ) -> dict:
+        """Variants in name order after `after`, at most `limit` (None: every one), fetched a page
+        at a time: {"variants": [...], "has_more": bool, "last_id": name or None}."""
+        if limit is not None and limit < 1:
+            raise ValueError("limit: at least 1")
+        shown: list[dict] = []
+        has_more = True
+        while has_more and (limit is None or len(shown) < limit):
+            size = page_size if limit is None else min(page_size, limit - len(shown))
+            query = {"limit": size} | ({"after": after} if after is not None else {})
+            page = self.call("GET", f"/variants?{urlencode(query)}")
+            shown += page["variants"]
+            has_more = bool(page.get("has_more")) and bool(page["variants"])
+            if page["variants"]:
+                after = page["variants"][-1]["name"]
+        return {
+            "variants": shown,
+            "has_more": has_more,
+            "last_id": shown[-1]["name"] if shown else None,
+        }
 
     def follow(self, name: str, kind: str, poll_s: float = 2.0, log=print) -> dict:
         """Poll a drafter's training until it stops; returns the last status."""

@@ -1,10 +1,12 @@
 """The OpenAI-compatible gateway: resolves `model` to a base model or variant@version through the
 registry, applies limits and tenant keys, relays model-server events as JSON or SSE, and records
-metrics. `create_app(gateway)` builds the FastAPI app (admin routes under /admin)."""
+metrics. Resolution and the `/v1/models` listing are cached until the registry's generation moves.
+`create_app(gateway)` builds the FastAPI app (admin routes under /admin)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -25,7 +27,7 @@ from specserve.platform.openai_api import (
     CompletionRequest,
     validation_error,
 )
-from specserve.platform.registry import Registry, UnknownVariant
+from specserve.platform.registry import Registry, UnknownVariant, VariantInfo
 from specserve.platform.service import GenerateRequest, Target
 from specserve.platform.settings import PlatformSettings
 from specserve.platform.store import StoreError
@@ -55,6 +57,9 @@ class Gateway:
         self._targets: dict[
             str, tuple[tuple[str, Target], int]
         ] = {}  # model -> (found, generation)
+        self._catalog: tuple[list[tuple[str, dict]], int] | None = None  # (entries, generation)
+        self._rendered: tuple[int | None, dict] = (None, {})  # generation, allowed -> JSON body
+        self._catalog_refresh = threading.Lock()  # one thread re-reads the list, others wait
         self._cache_lock = threading.Lock()
         self._store_down_until = 0.0
         self._acceptance: dict[tuple[str, int, str], list[int]] = {}  # flushed in the background
@@ -75,10 +80,16 @@ class Gateway:
             raise ApiError(401, "invalid API key", "authentication_error", code="invalid_api_key")
         return keys[api_key]
 
-    def _visible(self, name: str, allowed: frozenset[str] | None) -> bool:
+    def _owned(self) -> frozenset[str]:
+        """Every variant some tenant owns (hidden from callers without that tenant's key)."""
+        return frozenset().union(*self.settings.tenant_keys.variants_by_key.values())
+
+    def _visible(
+        self, name: str, allowed: frozenset[str] | None, owned: frozenset[str] | None = None
+    ) -> bool:
         if allowed is None:
             return True
-        owned = set().union(*self.settings.tenant_keys.variants_by_key.values())
+        owned = self._owned() if owned is None else owned
         return name not in owned or name in allowed
 
     def resolve(self, model: str, api_key: str | None) -> tuple[str, Target]:
@@ -356,7 +367,29 @@ class Gateway:
         return body | {"models": self.settings.models, "inflight": dict(self.inflight)}
 
     def models(self, api_key: str | None) -> dict:
+        """The OpenAI model list: base models, then the variants this caller may see (names
+        sorted). One small store read when nothing changed (see `_variant_entries`)."""
         allowed = self.allowed(api_key)
+        return self._listing(self._variant_entries()[0], allowed)
+
+    def models_body(self, api_key: str | None) -> bytes:
+        """`models` as the JSON body of /v1/models, rendered once per registry generation and
+        visibility (tenant key set)."""
+        allowed = self.allowed(api_key)
+        entries, generation = self._variant_entries()
+        with self._cache_lock:
+            rendered_at, bodies = self._rendered
+            if rendered_at == generation and allowed in bodies:
+                return bodies[allowed]
+        listing = self._listing(entries, allowed)
+        body = json.dumps(listing, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        with self._cache_lock:
+            if self._rendered[0] != generation:
+                self._rendered = (generation, {})
+            self._rendered[1][allowed] = body.encode()
+        return body.encode()
+
+    def _listing(self, entries: list[tuple[str, dict]], allowed: frozenset[str] | None) -> dict:
         data = [
             {
                 "id": m,
@@ -367,28 +400,49 @@ class Gateway:
             }
             for m in self.settings.models
         ]
-        try:
-            infos = self.registry.list()
-        except StoreError:
-            infos = []  # the store is down: base models still serve
-        for info in infos:
-            current = info.current
-            if self._visible(info.name, allowed) and current.base_model in self.settings.models:
-                data.append(
-                    {
-                        "id": info.name,
-                        "object": "model",
-                        "created": int(current.created_at),
-                        "owned_by": "specserve",
-                        "parent": current.base_model,
-                        "specserve": {
-                            "kind": "variant",
-                            "version": current.version,
-                            "override": info.override,
-                        },
-                    }
-                )
+        owned = self._owned()
+        data += [e for name, e in entries if self._visible(name, allowed, owned)]
         return {"object": "list", "data": data}
+
+    def _variant_entries(self) -> tuple[list[tuple[str, dict]], int | None]:
+        """((name, model entry) of every variant on a served base model, the registry generation
+        they were read at), re-read only when the generation moved: replicas see a change on
+        their next call. With the store down: the last list read (([], None) if none), as
+        resolution keeps serving cached targets."""
+        with self._cache_lock:
+            cached = self._catalog
+            if time.monotonic() < self._store_down_until:
+                return cached or ([], None)
+        try:
+            generation = self.registry.generation()  # read before the list: never newer than it
+            if cached is not None and cached[1] == generation:
+                return cached
+            with self._catalog_refresh:
+                cached = self._catalog  # refreshed by another thread meanwhile?
+                if cached is not None and cached[1] == generation:
+                    return cached
+                entries = [self._entry(info) for info in self.registry.list()]
+                served = [(name, e) for name, e in entries if e["parent"] in self.settings.models]
+                with self._cache_lock:
+                    self._catalog = (served, generation)
+                return served, generation
+        except StoreError as err:
+            with self._cache_lock:
+                self._store_down_until = time.monotonic() + 5.0
+            log.warning("registry unreachable (%s); listing cached variants", err)
+            return cached or ([], None)
+
+    @staticmethod
+    def _entry(info: VariantInfo) -> tuple[str, dict]:
+        current = info.current
+        return info.name, {
+            "id": info.name,
+            "object": "model",
+            "created": int(current.created_at),
+            "owned_by": "specserve",
+            "parent": current.base_model,
+            "specserve": {"kind": "variant", "version": current.version, "override": info.override},
+        }
 
 
 class _Meta:
@@ -446,8 +500,6 @@ def _at_capacity(what: str) -> ApiError:
 
 
 def _data(obj: dict) -> str:
-    import json
-
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
@@ -554,7 +606,9 @@ def create_app(gateway: Gateway, admin_router=None) -> FastAPI:
 
     @app.get("/v1/models")
     async def list_models(request: Request):
-        return gateway.models(_bearer(request))
+        # a thread: a cache miss reads the store
+        body = await asyncio.to_thread(gateway.models_body, _bearer(request))
+        return Response(body, media_type="application/json")
 
     @app.get("/healthz")
     async def healthz():

@@ -23,7 +23,6 @@ LOOP_TOTALS = (
     "decode_seconds",
     "prefill_tokens",
     "prefill_seconds",
-    "calls_seconds",
 )
 ADAPTER_FIGURES = {  # figure label -> ModelServer.stats key
     "resident": "adapters_resident",
@@ -38,6 +37,7 @@ BATCH_FIGURES = (
     "kv_reserved_tokens",
     "draft_cap",
     *LOOP_TOTALS,
+    "calls_seconds",  # loop time spent between steps on model changes (adapter hand-overs)
 )
 
 

@@ -1,6 +1,7 @@
 """The variant registry on a `Store`: versions (atomic, consecutive, never reused — a deleted name
 re-registered continues its numbering), drafter status, acceptance figures, policy overrides and
-settings, tenant keys. Every read goes to the store, so replicas see changes without restarting.
+settings, tenant keys. Every read goes to the store, so replicas see changes without restarting;
+listing many variants costs a fixed number of round trips, not one per variant.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import hashlib
 import json
 import re
 import time
+from bisect import bisect_right
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -144,6 +147,17 @@ class VariantInfo(_Record):
         return self.versions[-1]
 
 
+class VariantPage(_Record):
+    """One page of variants in name order: at most `limit` after the cursor, and whether more
+    follow (pass the last name as the next cursor)."""
+
+    variants: list[VariantInfo]
+    has_more: bool
+
+
+MAX_PAGE = 1000
+
+
 class Registry:
     """Variants and their state under `namespace` (default "specserve") in `store`.
 
@@ -221,12 +235,20 @@ class Registry:
             self._index,
             spec.name,
             json.dumps(body, sort_keys=True),
+            self._generation,  # in the same atomic step: no cache can miss a registration
         )
-        self._changed()
         return VersionRecord(**body, version=version)
 
     def names(self) -> list[str]:
-        return sorted(self.store.hgetall(self._index))
+        """Every live variant's name, sorted: the index's fields only (one read)."""
+        return sorted(self.store.hkeys(self._index))
+
+    @staticmethod
+    def _parse_versions(raw: dict[str, str]) -> list[VersionRecord]:
+        return sorted(
+            (VersionRecord(**json.loads(body), version=int(v)) for v, body in raw.items()),
+            key=lambda r: r.version,
+        )
 
     def versions(self, name: str) -> list[VersionRecord]:
         """Every version of `name`, oldest first; UnknownVariant if none."""
@@ -234,10 +256,7 @@ class Registry:
         raw = self.store.hgetall(self._variant_key(name, "versions"))
         if not raw:
             raise UnknownVariant(f"unknown variant {name!r}")
-        return sorted(
-            (VersionRecord(**json.loads(body), version=int(v)) for v, body in raw.items()),
-            key=lambda r: r.version,
-        )
+        return self._parse_versions(raw)
 
     def get(self, name: str, version: int | None = None) -> VersionRecord:
         """One version of `name` (the current one by default); UnknownVariant if absent."""
@@ -259,15 +278,29 @@ class Registry:
     def show(self, name: str) -> VariantInfo:
         return VariantInfo(name=name, versions=self.versions(name), override=self.override(name))
 
-    def list(self) -> list[VariantInfo]:
-        """Every variant (names sorted); one deleted while listing is left out."""
-        out = []
-        for name in self.names():
-            try:
-                out.append(self.show(name))
-            except UnknownVariant:
-                continue
-        return out
+    def list(self, names: Sequence[str] | None = None) -> list[VariantInfo]:
+        """These variants (default: every one, names sorted), in the order given; a name that is
+        not (or no longer) registered is left out. Three reads, whatever the count."""
+        names = self.names() if names is None else [check_name(n) for n in names]
+        if not names:
+            return []
+        raw = self.store.hgetall_many([self._variant_key(n, "versions") for n in names])
+        overrides = self.overrides()
+        return [
+            VariantInfo(name=n, versions=self._parse_versions(found), override=overrides.get(n))
+            for n, found in zip(names, raw, strict=True)
+            if found
+        ]
+
+    def page(self, limit: int, after: str | None = None) -> VariantPage:
+        """At most `limit` (1..MAX_PAGE) variants with names after `after` (exclusive; any
+        string, so a cursor stays valid when its variant is deleted), in name order."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValueError(f"limit: 1 to {MAX_PAGE}")
+        names = self.names()
+        start = bisect_right(names, after) if after is not None else 0
+        chosen = names[start : start + limit]
+        return VariantPage(variants=self.list(chosen), has_more=start + limit < len(names))
 
     def delete(self, name: str) -> bool:
         """Remove `name` with its versions, drafter status, acceptance and override; whether it
@@ -277,8 +310,8 @@ class Registry:
         existed = self.store.remove(
             [(self._index, name), (self._overrides, name)],
             [self._variant_key(name, w) for w in ("versions", "drafters", "acceptance")],
+            self._generation,
         )[0]
-        self._changed()
         return existed
 
     def _require(self, key: VariantKey) -> None:
@@ -303,13 +336,12 @@ class Registry:
 
     def drafters(self, key: VariantKey) -> dict[str, DrafterStatus]:
         """kind -> status of every drafter of `key`."""
-        raw = self.store.hgetall(self._variant_key(key.variant, "drafters"))
-        prefix = f"{key.version}:"
-        return {
-            f[len(prefix) :]: DrafterStatus.model_validate_json(body)
-            for f, body in sorted(raw.items())
-            if f.startswith(prefix)
-        }
+        return _drafters(key, self.store.hgetall(self._variant_key(key.variant, "drafters")))
+
+    def drafters_of(self, keys: Sequence[VariantKey]) -> list[dict[str, DrafterStatus]]:
+        """`drafters` of each key, in one read."""
+        raws = self.store.hgetall_many([self._variant_key(k.variant, "drafters") for k in keys])
+        return [_drafters(key, raw) for key, raw in zip(keys, raws, strict=True)]
 
     # -- acceptance
     def record_acceptance(
@@ -336,13 +368,12 @@ class Registry:
 
     def acceptance(self, key: VariantKey) -> dict[str, Acceptance]:
         """strategy -> accumulated figures on `key`."""
-        raw = self.store.hgetall(self._variant_key(key.variant, "acceptance"))
-        figures: dict[str, dict[str, int]] = {}
-        for f, value in raw.items():
-            version, strategy, name = f.split(":", 2)
-            if version == str(key.version) and name in ACCEPTANCE_FIELDS:
-                figures.setdefault(strategy, {})[name] = int(value)
-        return {s: Acceptance(**v) for s, v in sorted(figures.items())}
+        return _acceptance(key, self.store.hgetall(self._variant_key(key.variant, "acceptance")))
+
+    def acceptance_of(self, keys: Sequence[VariantKey]) -> list[dict[str, Acceptance]]:
+        """`acceptance` of each key, in one read."""
+        raws = self.store.hgetall_many([self._variant_key(k.variant, "acceptance") for k in keys])
+        return [_acceptance(key, raw) for key, raw in zip(keys, raws, strict=True)]
 
     # -- policy
     def set_override(self, name: str, strategy: str | None) -> None:
@@ -395,3 +426,21 @@ class Registry:
 
     def tenant_count(self) -> int:
         return len(self.store.hgetall(self._tenants))
+
+
+def _drafters(key: VariantKey, raw: dict[str, str]) -> dict[str, DrafterStatus]:
+    prefix = f"{key.version}:"
+    return {
+        f[len(prefix) :]: DrafterStatus.model_validate_json(body)
+        for f, body in sorted(raw.items())
+        if f.startswith(prefix)
+    }
+
+
+def _acceptance(key: VariantKey, raw: dict[str, str]) -> dict[str, Acceptance]:
+    figures: dict[str, dict[str, int]] = {}
+    for f, value in raw.items():
+        version, strategy, name = f.split(":", 2)
+        if version == str(key.version) and name in ACCEPTANCE_FIELDS:
+            figures.setdefault(strategy, {})[name] = int(value)
+    return {s: Acceptance(**v) for s, v in sorted(figures.items())}

@@ -28,7 +28,8 @@ class StoreUnavailable(StoreError):
 class Store(ABC):
     """What the registry and pool sync need. Keys and fields are strings; values are strings.
 
-    Documents: get/set/delete. Maps: hget/hset/hgetall/hdel/hincr. Counters: incr.
+    Documents: get/set/delete. Maps: hget/hset/hgetall/hdel/hincr, and in one round trip each
+    hkeys/hgetall_many (listing many variants must not cost a round trip per variant). Counters: incr.
     Compound atomic steps: `add_version`, `remove`. Pools (sorted by recency, bounded, expiring):
     `pool_push`, `pool_pull`. Failures to reach the store raise `StoreUnavailable`.
     """
@@ -70,6 +71,14 @@ class Store(ABC):
     def hgetall(self, key: str) -> dict[str, str]: ...
 
     @abstractmethod
+    def hkeys(self, key: str) -> list[str]:
+        """The fields of a map (no values); [] if absent."""
+
+    @abstractmethod
+    def hgetall_many(self, keys: Sequence[str]) -> list[dict[str, str]]:
+        """`hgetall` of every key, read together as one snapshot, in the order given."""
+
+    @abstractmethod
     def hdel(self, key: str, *fields: str) -> int: ...
 
     @abstractmethod
@@ -79,13 +88,23 @@ class Store(ABC):
     # -- compound steps of the registry
     @abstractmethod
     def add_version(
-        self, counter_key: str, versions_key: str, index_key: str, member: str, record: str
+        self,
+        counter_key: str,
+        versions_key: str,
+        index_key: str,
+        member: str,
+        record: str,
+        bump: str | None = None,
     ) -> int:
-        """Atomically: n = ++counter; versions[n] = record; index[member] = record if absent. -> n"""
+        """Atomically: n = ++counter; versions[n] = record; index[member] = record if absent;
+        ++bump (a change counter) if given. -> n"""
 
     @abstractmethod
-    def remove(self, fields: Sequence[tuple[str, str]], keys: Sequence[str]) -> list[bool]:
-        """Atomically delete map fields (key, field) and whole keys; per field, whether it existed."""
+    def remove(
+        self, fields: Sequence[tuple[str, str]], keys: Sequence[str], bump: str | None = None
+    ) -> list[bool]:
+        """Atomically delete map fields (key, field) and whole keys, and ++bump if given; per
+        field, whether it existed."""
 
     # -- shared pools
     @abstractmethod
@@ -182,6 +201,14 @@ class MemoryStore(Store):
         with self._lock:
             return dict(self._typed(key, dict) or {})
 
+    def hkeys(self, key: str) -> list[str]:
+        with self._lock:
+            return list(self._typed(key, dict) or ())
+
+    def hgetall_many(self, keys: Sequence[str]) -> list[dict[str, str]]:
+        with self._lock:
+            return [dict(self._typed(key, dict) or {}) for key in keys]
+
     def hdel(self, key: str, *fields: str) -> int:
         with self._lock:
             found = self._typed(key, dict)
@@ -203,17 +230,29 @@ class MemoryStore(Store):
             return values
 
     def add_version(
-        self, counter_key: str, versions_key: str, index_key: str, member: str, record: str
+        self,
+        counter_key: str,
+        versions_key: str,
+        index_key: str,
+        member: str,
+        record: str,
+        bump: str | None = None,
     ) -> int:
         with self._lock:
+            if bump is not None:  # first, as in Redis: a wrong-typed key fails before any write
+                self.incr(bump)
             version = self.incr(counter_key)
             self.hset(versions_key, {str(version): record})
             index = self._typed(index_key, dict, create=True)
             index.setdefault(member, record)
             return version
 
-    def remove(self, fields: Sequence[tuple[str, str]], keys: Sequence[str]) -> list[bool]:
+    def remove(
+        self, fields: Sequence[tuple[str, str]], keys: Sequence[str], bump: str | None = None
+    ) -> list[bool]:
         with self._lock:
+            if bump is not None:
+                self.incr(bump)
             existed = [self.hdel(key, field) > 0 for key, field in fields]
             self.delete(*keys)
             return existed
@@ -283,17 +322,25 @@ class CallStore(Store):
     def hgetall(self, key):
         return self._do("hgetall", key)
 
+    def hkeys(self, key):
+        return list(self._do("hkeys", key))
+
+    def hgetall_many(self, keys):
+        return list(self._do("hgetall_many", list(keys)))
+
     def hdel(self, key, *fields):
         return self._do("hdel", key, *fields)
 
     def hincr(self, key, increments):
         return self._do("hincr", key, dict(increments))
 
-    def add_version(self, counter_key, versions_key, index_key, member, record):
-        return self._do("add_version", counter_key, versions_key, index_key, member, record)
+    def add_version(self, counter_key, versions_key, index_key, member, record, bump=None):
+        args = (counter_key, versions_key, index_key, member, record)
+        return self._do("add_version", *args, *([bump] if bump is not None else []))
 
-    def remove(self, fields, keys):
-        return self._do("remove", [tuple(f) for f in fields], list(keys))
+    def remove(self, fields, keys, bump=None):
+        args = ([tuple(f) for f in fields], list(keys))
+        return self._do("remove", *args, *([bump] if bump is not None else []))
 
     def pool_push(self, key, members, cap, ttl_s):
         return self._do("pool_push", key, list(members), cap, ttl_s)
@@ -305,19 +352,27 @@ class CallStore(Store):
 
 # ---------------------------------------------------------------------------------------- redis
 
+# counters first: a wrong-typed key fails the script before it writes anything
 _ADD_VERSION = """
+if KEYS[4] then redis.call('INCR', KEYS[4]) end
 local v = redis.call('INCR', KEYS[1])
 redis.call('HSET', KEYS[2], v, ARGV[1])
 redis.call('HSETNX', KEYS[3], ARGV[2], ARGV[1])
 return v
 """
 
+# ARGV: number of fields, whether the last key is a counter to bump, then the field names
 _REMOVE = """
-local existed = {}
-for i = 1, tonumber(ARGV[1]) do
-  existed[i] = redis.call('HDEL', KEYS[i], ARGV[i + 1])
+local n, last = tonumber(ARGV[1]), #KEYS
+if ARGV[2] == '1' then
+  redis.call('INCR', KEYS[last])
+  last = last - 1
 end
-for i = tonumber(ARGV[1]) + 1, #KEYS do
+local existed = {}
+for i = 1, n do
+  existed[i] = redis.call('HDEL', KEYS[i], ARGV[i + 2])
+end
+for i = n + 1, last do
   redis.call('DEL', KEYS[i])
 end
 return existed
@@ -442,6 +497,21 @@ class RedisStore(Store):
     def hgetall(self, key: str) -> dict[str, str]:
         return dict(self._do(self._client.hgetall, key))
 
+    def hkeys(self, key: str) -> list[str]:
+        return list(self._do(self._client.hkeys, key))
+
+    def hgetall_many(self, keys: Sequence[str]) -> list[dict[str, str]]:
+        if not keys:
+            return []
+
+        def read() -> list:
+            pipe = self._client.pipeline(transaction=True)  # MULTI/EXEC: one snapshot, one trip
+            for key in keys:
+                pipe.hgetall(key)
+            return pipe.execute()
+
+        return [dict(found) for found in self._do(read)]
+
     def hdel(self, key: str, *fields: str) -> int:
         return int(self._do(self._client.hdel, key, *fields)) if fields else 0
 
@@ -452,14 +522,22 @@ class RedisStore(Store):
         return {field: int(v) for (field, _), v in zip(items, values, strict=True)}
 
     def add_version(
-        self, counter_key: str, versions_key: str, index_key: str, member: str, record: str
+        self,
+        counter_key: str,
+        versions_key: str,
+        index_key: str,
+        member: str,
+        record: str,
+        bump: str | None = None,
     ) -> int:
-        keys = [counter_key, versions_key, index_key]
+        keys = [counter_key, versions_key, index_key] + ([bump] if bump is not None else [])
         return int(self._do(self._add_version, keys=keys, args=[record, member]))
 
-    def remove(self, fields: Sequence[tuple[str, str]], keys: Sequence[str]) -> list[bool]:
-        script_keys = [k for k, _ in fields] + list(keys)
-        args = [len(fields)] + [f for _, f in fields]
+    def remove(
+        self, fields: Sequence[tuple[str, str]], keys: Sequence[str], bump: str | None = None
+    ) -> list[bool]:
+        script_keys = [k for k, _ in fields] + list(keys) + ([bump] if bump is not None else [])
+        args = [len(fields), int(bump is not None)] + [f for _, f in fields]
         existed = self._do(self._remove, keys=script_keys, args=args)
         return [bool(x) for x in existed]
 

@@ -30,6 +30,20 @@ def test_maps(store):
     assert store.delete("t:m") == 0  # an emptied map no longer exists
 
 
+def test_hkeys_and_hgetall_many_read_many_maps_at_once(store):
+    store.hset("t:a", {"f": "1", "g": "2"})
+    store.hset("t:b", {"h": "3"})
+    assert sorted(store.hkeys("t:a")) == ["f", "g"] and store.hkeys("t:missing") == []
+    got = store.hgetall_many(["t:b", "t:missing", "t:a"])
+    assert got == [{"h": "3"}, {}, {"f": "1", "g": "2"}]
+    assert store.hgetall_many([]) == []
+    store.set("t:s", "x")
+    with pytest.raises(StoreError):
+        store.hgetall_many(["t:a", "t:s"])
+    with pytest.raises(StoreError):
+        store.hkeys("t:s")
+
+
 def test_hincr_adds_all_fields_at_once(store):
     assert store.hincr("t:h", {"a": 2, "b": 3}) == {"a": 2, "b": 3}
     assert store.hincr("t:h", {"a": 1, "c": 0}) == {"a": 3, "c": 0}
@@ -49,6 +63,12 @@ def test_add_version_counts_stores_and_indexes_once(store):
     assert store.add_version("t:seq", "t:vers", "t:idx", "a", "r2") == 2
     assert store.hgetall("t:vers") == {"1": "r1", "2": "r2"}
     assert store.hgetall("t:idx") == {"a": "r1"}  # the index keeps its first record
+    assert store.add_version("t:seq", "t:vers", "t:idx", "b", "r3", "t:gen") == 3
+    assert store.get("t:gen") == "1" and store.hgetall("t:idx") == {"a": "r1", "b": "r3"}
+    store.hset("t:bad-counter", {"f": "1"})
+    with pytest.raises(StoreError):
+        store.add_version("t:seq", "t:vers", "t:idx", "c", "r4", "t:bad-counter")
+    assert store.get("t:seq") == "3"  # nothing was written
 
 
 def test_remove_fields_and_keys_together(store):
@@ -58,6 +78,10 @@ def test_remove_fields_and_keys_together(store):
     assert store.remove([("t:idx", "a"), ("t:idx", "zz")], ["t:doc", "t:map"]) == [True, False]
     assert store.hgetall("t:idx") == {"b": "2"}
     assert store.get("t:doc") is None and store.hgetall("t:map") == {}
+    store.set("t:doc", "y")
+    assert store.remove([("t:idx", "b")], ["t:doc"], "t:gen") == [True]
+    assert store.get("t:gen") == "1" and store.get("t:doc") is None
+    assert store.remove([], [], "t:gen") == [] and store.get("t:gen") == "2"
 
 
 def test_concurrent_add_version_gives_consecutive_versions(store):
