@@ -82,6 +82,9 @@ class ResidentAdapters:
     def names(self) -> list[str]:
         return list(self._resident)
 
+    def __contains__(self, name: str) -> bool:
+        return name in self._resident
+
     @property
     def resident_bytes(self) -> int:
         return sum(r.n_bytes for r in self._resident.values())

@@ -3,9 +3,10 @@
 `lora_rows(model, names)` applies adapter names[b] to row b of the forwards run inside it. The
 adapters are (A [r, in], B [out, r] with scaling folded in) per Linear, held by a `RowLoRA`: the
 `LoRAStore` an adapter server attaches to a plain base model (lora_store.py), or one built from a
-peft model's own layers (`PeftRows`, for peft-wrapped models). A forward picks the blocks of the k
-adapters its batch holds (A_k [k r, in], B_k [out, k r], cached per batch composition) and a hook
-adds `((x @ A_k^T) * select[row]) @ B_k^T`; its cost follows the batch, not the resident count.
+peft model's own layers (`PeftRows`, for peft-wrapped models). A mixed batch's adapters sit in
+persistent slots (lora_slots.py: A_S [S r, in], B_S [out, S r] per module, one slot rewritten when
+the composition changes by one adapter) and a hook adds `((x @ A_S^T) * select[row]) @ B_S^T`;
+its cost follows the batch, not the resident count.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import contextlib
 import itertools
 import threading
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
 from specserve.engine.lora import BASE_ADAPTER, is_peft_model
+from specserve.engine.lora_slots import SlotGroup, selector
 
 Blocks = dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]  # module -> A [r, in], B [out, r]
 _ROWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its RowLoRA
@@ -59,45 +60,49 @@ def resident_adapters(model) -> list[str] | None:
 
 def takes_adapters(model) -> bool:
     """True when rows of `model` may name adapters (so base rows say `BASE_ADAPTER`)."""
-    return resident_adapters(model) is not None
+    return is_peft_model(model) or model in _ROWS
 
 
 def check_adapters(model, adapters: list[str | None]) -> None:
-    """ValueError unless every named adapter is resident (BASE_ADAPTER and None always are)."""
+    """ValueError unless every named adapter is resident (BASE_ADAPTER and None always are);
+    set lookups only, whatever the number resident."""
     named = {a for a in adapters if a not in (None, BASE_ADAPTER)}
     if not named:
         return
-    resident = resident_adapters(model)
-    if resident is None:
+    if not takes_adapters(model):
         raise ValueError(f"adapter: {sorted(named)} requested but the model takes no adapters")
-    unknown = sorted(named - set(resident))
+    held = model.peft_config if is_peft_model(model) else _ROWS[model]._adapters
+    unknown = sorted(n for n in named if n not in held)
     if unknown:
-        raise ValueError(f"adapter: {unknown} not resident; resident adapters: {resident}")
+        shown = resident_adapters(model)
+        listed = shown[:20] + (["..."] if len(shown) > 20 else [])
+        raise ValueError(f"adapter: {unknown} not resident; resident adapters: {listed}")
 
 
 @dataclass
 class _Forward:
     """What the forwards of one `rows` context apply."""
 
-    present: tuple[str, ...]  # the batch's adapters, each once (block order)
-    index: torch.Tensor  # [batch] 1 + place in `present` (0 = base row)
-    masked: bool  # rows differ in adapter (or some are base): keep each row's own block only
-    picks: dict  # the composition's per-module picks (shared while the composition holds)
-    select: dict = field(default_factory=dict)  # signature -> [batch, 1, sum r] 0/1
+    present: tuple[str, ...]  # the batch's adapters, each once
+    masked: bool  # rows differ in adapter (or some are base): each row keeps its own slot only
+    groups: list = field(default_factory=list)  # (SlotGroup, [batch, 1, S r] selector) per rank
 
 
 class RowLoRA:
     """Adapters as blocks per module plus the forward hooks that apply them per row.
 
-    Subclasses fill `_adapters` (`_set` / `_drop`); `rows` is the context of one batch."""
+    Subclasses fill `_adapters` (`_set` / `_drop`); `rows` is the context of one batch. A batch
+    of one adapter applies that adapter's own blocks; a mixed batch places its adapters in the
+    slot groups of their ranks (lora_slots.py) and each row keeps only its own slot's columns."""
 
-    def __init__(self, compositions: int = 4) -> None:
+    def __init__(self) -> None:
         self._adapters: dict[str, Blocks] = {}
         self._serial: dict[str, int] = {}  # changes when a name is (re)loaded
         self._counter = itertools.count(1)
         self._hooks: dict[torch.nn.Module, object] = {}  # module -> hook handle
-        self._compositions = compositions
-        self._picked: OrderedDict[tuple, dict] = OrderedDict()  # composition -> module -> pick
+        self._groups: dict[int, SlotGroup] = {}  # rank -> its slots
+        self._forwards = 0  # rows contexts opened: the slots' clock
+        self._mixed = threading.RLock()  # mixed batches share the slot buffers: one at a time
         self._local = threading.local()  # each thread's own `rows` context
 
     @property
@@ -114,98 +119,88 @@ class RowLoRA:
 
     def __deepcopy__(self, memo) -> RowLoRA:
         """A copied model gets inert hooks: its copy holds no adapters (and is no store's)."""
-        return RowLoRA(self._compositions)
+        return RowLoRA()
 
     def _set(self, name: str, blocks: Blocks) -> None:
         self._adapters[name] = blocks
         self._serial[name] = next(self._counter)
-        for module in blocks:
+        for module, (a, _) in blocks.items():
             if module not in self._hooks:
                 self._hooks[module] = module.register_forward_hook(self._hook)
+                for group in self._groups.values():
+                    group.add_module(module, a)
 
     def _drop(self, name: str) -> None:
         del self._adapters[name], self._serial[name]
+        for group in self._groups.values():
+            group.release(name)
         used = {m for blocks in self._adapters.values() for m in blocks}
         for module in [m for m in self._hooks if m not in used]:
             self._hooks.pop(module).remove()
-        self._picked.clear()
+            for group in self._groups.values():
+                group.drop_module(module)
 
     def _drop_all(self) -> None:
         for handle in self._hooks.values():
             handle.remove()
-        self._adapters, self._serial, self._hooks = {}, {}, {}
-        self._picked.clear()
+        self._adapters, self._serial, self._hooks, self._groups = {}, {}, {}, {}
 
     @contextlib.contextmanager
     def rows(self, names: list[str]):
         """Apply names[b] to row b (one name: every row) in the forwards inside; nests."""
         present = tuple(sorted({n for n in names if n != BASE_ADAPTER}))
-        place = {name: j + 1 for j, name in enumerate(present)}
-        index = torch.tensor([place.get(n, 0) for n in names])
         masked = len(present) > 1 or BASE_ADAPTER in names
-        picks = self._composition(present) if present else {}
-        outer, self._now = self._now, _Forward(present, index, masked, picks)
-        try:
-            yield
-        finally:
-            self._now = outer
+        with self._mixed if masked and present else contextlib.nullcontext():
+            now = _Forward(present, masked)
+            if masked and present:
+                now.groups = self._place(names, present)
+            outer, self._now = self._now, now
+            try:
+                yield
+            finally:
+                self._now = outer
 
-    def _composition(self, present: tuple[str, ...]) -> dict:
-        """The per-module picks of these adapters (the last few compositions are kept)."""
-        key = tuple(self._serial[n] for n in present)
-        picks = self._picked.get(key)
-        if picks is None:
-            picks = self._picked[key] = {}
-            while len(self._picked) > self._compositions:
-                self._picked.popitem(last=False)
-        self._picked.move_to_end(key)
-        return picks
-
-    def _pick(self, module, now: _Forward):
-        """(A [sum r, in], B [out, sum r], signature ((place, r), ...)) of the batch's adapters
-        on this module, or None when none of them touches it. One adapter: views, no copy."""
-        if module in now.picks:
-            return now.picks[module]
-        members = [
-            (place, self._adapters[name][module])
-            for place, name in enumerate(now.present, 1)
-            if module in self._adapters[name]
-        ]
-        pick = None
-        if len(members) == 1:
-            place, (a, b) = members[0]
-            pick = a, b, ((place, a.shape[0]),)
-        elif members:
-            a = torch.cat([a for _, (a, _) in members])
-            b = torch.cat([b for _, (_, b) in members], dim=1)
-            pick = a, b, tuple((place, a.shape[0]) for place, (a, _) in members)
-        now.picks[module] = pick
-        return pick
-
-    @staticmethod
-    def _selector(now: _Forward, signature: tuple, like: torch.Tensor) -> torch.Tensor:
-        """[batch, 1, sum r]: 1 on each row's own adapter block. Example: index [2, 0, 1],
-        signature ((1, 1), (2, 2)) -> [[[0, 1, 1]], [[0, 0, 0]], [[1, 0, 0]]]."""
-        select = now.select.get(signature)
-        if select is None:
-            cols = [(now.index == place)[:, None].expand(-1, r) for place, r in signature]
-            select = now.select[signature] = torch.cat(cols, dim=1)[:, None].to(like)
-        return select
+    def _place(self, names: list[str], present: tuple[str, ...]) -> list:
+        """Slot the batch's adapters by rank; (group, selector) per rank the batch holds."""
+        self._forwards += 1
+        by_rank: dict[int, dict] = {}
+        for name in present:
+            blocks = self._adapters[name]
+            rank = max(a.shape[0] for a, _ in blocks.values())
+            by_rank.setdefault(rank, {})[(name, self._serial[name])] = blocks
+        out = []
+        for rank, wanted in sorted(by_rank.items()):
+            group = self._groups.get(rank)
+            if group is None:
+                group = self._groups[rank] = SlotGroup(rank)
+                like = next(iter(next(iter(wanted.values())).values()))[0]
+                for module in self._hooks:
+                    group.add_module(module, like)
+            slot_of = group.place(wanted, self._forwards)
+            like = next(iter(group.buffers.values()))[0]
+            rows = [slot_of.get(n, -1) for n in names]
+            out.append((group, selector(rows, group.slots, rank, like)))
+        return out
 
     @torch.inference_mode()
     def _hook(self, module, inputs, output):
         now = self._now
         if now is None or not now.present:
             return None
-        pick = self._pick(module, now)
-        if pick is None:
-            return None
-        a, b, signature = pick  # [sum r, in], [out, sum r]
-        x = inputs[0].to(a.dtype)  # [batch, q, in]
-        low = torch.nn.functional.linear(x, a)  # [batch, q, sum r]: every present adapter's
-        if now.masked:
-            low = low * self._selector(now, signature, low)  # only the row's own block stays
-        return output + torch.nn.functional.linear(low, b).to(output.dtype)  # [batch, q, out]
+        if not now.masked:  # one adapter on every row: its own blocks
+            own = self._adapters[now.present[0]].get(module)
+            if own is None:
+                return None
+            a, b = own  # [r, in], [out, r]
+            low = torch.nn.functional.linear(inputs[0].to(a.dtype), a)  # [batch, q, r]
+            return output + torch.nn.functional.linear(low, b).to(output.dtype)
+        delta = None
+        for group, select in now.groups:
+            a, b = group.buffers[module]  # [S r, in], [out, S r]
+            low = torch.nn.functional.linear(inputs[0].to(a.dtype), a)  # [batch, q, S r]
+            part = torch.nn.functional.linear(low * select, b)  # only each row's own slot
+            delta = part if delta is None else delta + part
+        return output + delta.to(output.dtype)  # [batch, q, out]
 
 
 class PeftRows(RowLoRA):
@@ -214,8 +209,8 @@ class PeftRows(RowLoRA):
     only peft internals read (`lora_A`, `lora_B`, `scaling`, `lora_variant`, `_disable_adapters`)
     are read here, pinned by tests/engine/test_lora_batch.py."""
 
-    def __init__(self, model, compositions: int = 4) -> None:
-        super().__init__(compositions)
+    def __init__(self, model) -> None:
+        super().__init__()
         self._model = weakref.ref(model)  # kept by the model, never keeps it
         self._key: tuple | None = None
 

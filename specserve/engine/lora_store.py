@@ -22,8 +22,8 @@ Tensors = dict[str, tuple[torch.Tensor, torch.Tensor]]  # module name -> A [r, i
 class LoRAStore(RowLoRA):
     """The resident adapters of one plain base model (see module docstring)."""
 
-    def __init__(self, model, compositions: int = 4) -> None:
-        super().__init__(compositions)
+    def __init__(self, model) -> None:
+        super().__init__()
         self._model = weakref.ref(model)  # the store is the model's, not its owner
         self._bytes: dict[str, int] = {}
 

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -107,6 +108,9 @@ class ModelService:
         ] = {}  # (artifact dir, sha) -> drafter, config
         self._weights_sha: str | None = None
         self.scheduler = Scheduler(self.engine, batch, curve.relative if curve else None)
+        # one loader thread: cold adapters convert one at a time beside the loop (more threads
+        # only fight the loop for the cores and the GIL; measured in docs/benchmarks.md)
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="adapter-loader")
 
     def start(self) -> ModelService:
         """Start the engine loop thread (until `stop`)."""
@@ -236,7 +240,10 @@ class ModelService:
             self.start()
         # a cold adapter is read and converted on a worker thread while the loop keeps stepping;
         # the hand-over to the store happens on the engine thread, between steps
-        adapter = await asyncio.to_thread(self.prepare_variant, request.target)
+        adapter = None
+        key = request.target.key
+        if key is not None and str(key) not in self.adapters:
+            adapter = await loop.run_in_executor(self._loader, self.prepare_variant, request.target)
         started = self.scheduler.call(lambda: self._prepare(request, adapter))
         # a consumer gone before this returns drops the result: its hold (a context-manager
         # generator) is closed when the ExitStack is freed

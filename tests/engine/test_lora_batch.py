@@ -54,26 +54,34 @@ def test_rows_equal_peft_mixed_batch_and_merged_weights(model):
     assert all(not m._disable_adapters for m in model.modules() if hasattr(m, "lora_A"))
 
 
-def test_selector_keeps_each_rows_own_block(model):
+def test_selector_keeps_each_rows_own_slot():
+    from specserve.engine.lora_slots import selector
+
+    select = selector([1, -1, 0], 2, 2, torch.zeros(1))
+    assert select[:, 0].tolist() == [[0, 0, 1, 1], [0, 0, 0, 0], [1, 1, 0, 0]]
+
+
+def test_mixed_ranks_take_one_slot_group_each(model):
     from specserve.engine.lora_batch import row_lora
 
     ids = torch.randint(0, 96, (3, 2))
     rows = row_lora(model)
     with lora_rows(model, ["x2", BASE_ADAPTER, "x1"]):
-        now = rows._now
-        # present x1 (rank 4), x2 (rank 2): blocks 1 and 2 side by side on a module both touch
-        select = rows._selector(now, ((1, 4), (2, 2)), torch.zeros(1))
+        groups = rows._now.groups
         model(input_ids=ids)
-    assert select[:, 0].tolist() == [[0] * 4 + [1] * 2, [0] * 6, [1] * 4 + [0] * 2]
-    q_proj = next(m for n, m in model.named_modules() if n.endswith("layers.0.self_attn.q_proj"))
-    assert now.picks[q_proj][2] == ((1, 4), (2, 2))  # both adapters target q_proj
+    assert [g.rank for g, _ in groups] == [2, 4]  # x2 rank 2, x1 rank 4
+    for group, select in groups:
+        own = 2 if group.rank == 4 else 0  # the row holding this group's adapter
+        assert select[own, 0].sum() == group.rank and select[1].sum() == 0
     v_proj = next(m for n, m in model.named_modules() if n.endswith("layers.0.self_attn.v_proj"))
-    assert now.picks[v_proj][2] == ((1, 4),)  # only x1 does: x2's rows add nothing there
+    rank2 = next(g for g, _ in groups if g.rank == 2)
+    assert not rank2.buffers[v_proj][0].any()  # x2 does not touch v_proj: its slot is zeros
 
 
 def test_a_forward_computes_only_the_adapters_its_batch_holds(tiny_llama):
-    """Twelve resident, two in the batch: the picked blocks are 2 x rank wide (one adapter's
-    are views of the stack, no copy), and the rows still equal peft's own mixed batch."""
+    """Twelve resident, a few in each batch: the slot buffers are as wide as the most adapters
+    one batch held, a composition change rewrites only the newcomer's slot, a one-adapter
+    prefill uses its own blocks, and the rows still equal peft's own mixed batch."""
     from specserve.engine.lora_batch import row_lora
 
     base = copy.deepcopy(tiny_llama(1, init_range=0.1))
@@ -85,18 +93,23 @@ def test_a_forward_computes_only_the_adapters_its_batch_holds(tiny_llama):
     m.requires_grad_(False)
     m.eval()
     ids = torch.randint(0, 96, (3, 5), generator=torch.Generator().manual_seed(1))
-    names = ["a7", "a3", "a7"]
-    ours = _logits(m, ids, names)
-    torch.testing.assert_close(ours, m(input_ids=ids, adapter_names=names).logits)
     rows = row_lora(m)
+    for names in (["a7", "a3", "a7"], ["a7", "a5", "a3"], ["a9", "a5", "a3"]):
+        ours = _logits(m, ids, names)
+        torch.testing.assert_close(ours, m(input_ids=ids, adapter_names=names).logits)
+    group = rows._groups[4]
     layer = next(iter(rows._hooks))
-    key = (rows._serial["a3"], rows._serial["a7"])
-    a, b, _ = rows._picked[key][layer]
-    assert a.shape == (2 * 4, 64) and b.shape[1] == 2 * 4
-    assert len(rows._picked[key]) == len(rows._hooks)  # every touched layer picked once
-    _logits(m, ids[:1], ["a7"])  # a prefill of one request: only its own blocks, as views
-    a, _, _ = rows._picked[(rows._serial["a7"],)][layer]
-    assert a.data_ptr() == rows._adapters["a7"][layer][0].data_ptr()
+    assert group.slots == 4 and group.buffers[layer][0].shape == (4 * 4, 64)  # not 12 x 4
+    assert group.writes == 4  # a7, a3; then a5; then a9: each adapter written once
+    _logits(m, ids[:1], ["a7"])  # a prefill of one request: its own blocks, no slots
+    assert group.writes == 4
+    for _ in range(2):
+        for names in (["a1", "a2", "a4", "a6", "a8"], ["a1", "a2", "a4", "a6", "a8"]):
+            torch.testing.assert_close(
+                _logits(m, ids.repeat(2, 1)[:5], names),
+                m(input_ids=ids.repeat(2, 1)[:5], adapter_names=names).logits,
+            )
+    assert group.slots == 8 and group.writes == 9  # grown for five at once, written once each
 
 
 def test_a_rows_result_does_not_depend_on_its_neighbours(model):

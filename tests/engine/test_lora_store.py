@@ -63,7 +63,9 @@ def test_store_rows_equal_peft_layers_bitwise_and_peft_path_closely(pair, names)
     torch.testing.assert_close(ours, peft_own, rtol=1e-5, atol=1e-5)
     for row, name in enumerate(names):
         alone = _logits(plain, ids[row : row + 1], [name])
-        torch.testing.assert_close(ours[row : row + 1], alone, rtol=1e-6, atol=1e-6)
+        # alone is the one-adapter path (its own blocks), the batch the slot path: same sums
+        # up to float rounding (the gates check tokens)
+        torch.testing.assert_close(ours[row : row + 1], alone, rtol=1e-5, atol=1e-5)
 
 
 def test_store_equals_merged_weights(pair):
