@@ -5,8 +5,9 @@ once) over N resident copies of one LoRA adapter, `ar`, no HTTP, no Ray. Prints 
         --variants 8,64,256 --rounds 2
 
 Every count of `--variants` runs `--rounds` times, the counts alternating (8, 64, 256, 8, ...) on
-one loaded model holding max(counts) adapters, so machine drift hits all counts alike; the table
-gives each count's median and its ratio to the first count's. `--mix` interleaves the six
+one loaded model holding max(counts) adapters, after one warm-up run; the table gives each count's
+median and the median over rounds of its ratio to the first count in the same round (paired, so
+the drift of a noisy machine between rounds cancels). `--mix` interleaves the six
 Spec-Bench tasks (as `specserve loadtest` does); without it the file's order.
 """
 
@@ -79,6 +80,7 @@ def main() -> None:
     texts = interleave_tasks(rows) if args.mix else [r["turns"][0] for r in rows]
     prompts = [encode_messages(loaded.tokenizer, [{"role": "user", "content": t}]) for t in texts]
     runs: dict[int, list[dict]] = {c: [] for c in counts}
+    _run(engine, args, prompts, names[: counts[0]])  # warm-up: first-forward costs, allocator
     for _ in range(args.rounds):
         for count in counts:
             runs[count].append(_run(engine, args, prompts, names[:count]))
@@ -88,19 +90,22 @@ def main() -> None:
                 f"at {r['rows']:.1f} rows, prefill {r['prefill_ms']:.3f} ms/token",
                 flush=True,
             )
-    first = {k: statistics.median(r[k] for r in runs[counts[0]]) for k in ("tok_s", "prefill_ms")}
+    first = runs[counts[0]]
     print(
         f"concurrency {args.concurrency}, {args.requests} requests, {args.max_tokens} max "
         f"tokens, {'mixed tasks' if args.mix else 'file order'}, medians of {args.rounds}:"
     )
-    print("| variants | tok/s | vs first | decode step | prefill per token | vs first |")
+    print("| variants | tok/s | vs first (paired) | decode step | prefill per token | vs first |")
     print("| --- | --- | --- | --- | --- | --- |")
     for count in counts:
         med = {k: statistics.median(r[k] for r in runs[count]) for k in runs[count][0]}
+        tok = [r["tok_s"] / f["tok_s"] for r, f in zip(runs[count], first, strict=True)]
+        pre = [r["prefill_ms"] / f["prefill_ms"] for r, f in zip(runs[count], first, strict=True)]
         print(
-            f"| {count} | {med['tok_s']:.1f} | {med['tok_s'] / first['tok_s']:.3f}x | "
-            f"{med['step_ms']:.1f} ms at {med['rows']:.1f} rows | {med['prefill_ms']:.3f} ms | "
-            f"{med['prefill_ms'] / first['prefill_ms']:.3f}x |"
+            f"| {count} | {med['tok_s']:.1f} | {statistics.median(tok):.3f}x "
+            f"({', '.join(f'{x:.2f}' for x in tok)}) | {med['step_ms']:.1f} ms at "
+            f"{med['rows']:.1f} rows | {med['prefill_ms']:.3f} ms | {statistics.median(pre):.3f}x "
+            f"({', '.join(f'{x:.2f}' for x in pre)}) |"
         )
 
 

@@ -164,8 +164,14 @@ class _Held:
 
     def __init__(self, key: str, service) -> None:
         self.key, self.service = key, service
+        self.released = False
 
     def __del__(self) -> None:
+        # Serve calls this when it drops the variant, and Python again when it frees the object
+        # (by then the variant may be back in Serve's cache under a new `_Held`): once only
+        if self.released:
+            return
+        self.released = True
         with contextlib.suppress(Exception):  # a replica shutting down: nothing left to evict
             self.service.release_variant(self.key)
 

@@ -407,3 +407,18 @@ def test_release_variant_evicts_an_idle_adapter_and_keeps_a_held_one(
     service.release_variant("gone@1")  # never resident: nothing to do
     assert service.stats()["adapters_resident"] == 1
     assert service.stats()["adapter_budget_bytes"] >= service.stats()["adapter_resident_bytes"] > 0
+
+
+def test_serves_unload_then_the_objects_finalizer_release_once(service, make_adapter, tiny_llama):
+    """Serve calls `_Held.__del__` when it drops a variant; Python calls it again when the object
+    is freed, maybe after the variant came back: only the first call evicts."""
+    from specserve.platform.app import _Held
+
+    path = make_adapter("back", tiny_llama(1, init_range=0.1), seed=2)
+    service.adapters.ensure("back@1", path)
+    held = _Held("back@1", service)
+    held.__del__()  # Serve's unload
+    assert "back@1" not in service.adapters
+    service.adapters.ensure("back@1", path)  # routed here again: loaded again
+    del held  # the finalizer of the old object
+    assert "back@1" in service.adapters
