@@ -1,5 +1,5 @@
 """How loading and prefill scale with the number of resident adapters (one process, in order):
-the time of each `ResidentAdapters.ensure` (validate + peft load) at a few counts, and a
+the time of each `ResidentAdapters.ensure` (validate + convert into the store) at a few counts, and a
 one-request prefill of 200 tokens with its own adapter (median of 6) at each mark.
 
     python scripts/adapter_scaling.py --adapter ~/.cache/specserve/adapters/random-r8 --marks 8,32,64
@@ -32,9 +32,7 @@ def main() -> None:
     args = ap.parse_args()
     marks = [int(m) for m in args.marks.split(",")]
     loaded = load_model(args.model, dtype="float32")
-    limits = AdapterLimits(
-        root=args.adapter.parent, max_resident=max(marks), max_resident_bytes=2**40
-    )
+    limits = AdapterLimits(root=args.adapter.parent)
     resident = ResidentAdapters(loaded.model, base_model_names(args.model), limits)
     prompt = [(7 * i + 3) % loaded.model.config.vocab_size for i in range(200)]
     count = 0

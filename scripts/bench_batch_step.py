@@ -36,7 +36,7 @@ def main() -> None:
     args = ap.parse_args()
 
     loaded = load_model(args.model)
-    limits = AdapterLimits(root=args.adapter.parent, max_resident=8)
+    limits = AdapterLimits(root=args.adapter.parent)
     adapters = ResidentAdapters(loaded.model, base_model_names(args.model), limits)
     names = [f"v{i}" for i in range(8)]
     for name in names:
@@ -53,7 +53,7 @@ def main() -> None:
         scheduler.submit(state, name, False, lambda step, finished: None)
     while len(scheduler.decoding) < len(texts):
         scheduler.step()
-    base = engine.model.get_base_model()  # the peft wrapper's LlamaForCausalLM
+    base = engine.model  # the plain LlamaForCausalLM (adapters sit in its LoRAStore)
     times: dict[str, list[float]] = {"sdpa": [], hf_internals.ROW_ATTENTION: []}
     for i in range(args.steps):
         impl = list(times)[i % 2]
