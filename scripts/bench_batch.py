@@ -4,7 +4,8 @@ once) over N resident copies of one LoRA adapter, `ar`, no HTTP, no Ray. Prints 
     python scripts/bench_batch.py --concurrency 16 --requests 32 --max-tokens 64 --mix \
         --variants 8,64,256 --rounds 2
 
-Every count of `--variants` runs `--rounds` times, the counts alternating (8, 64, 256, 8, ...) on
+Each request's variant is drawn (seeded) over all N, so a large N touches adapters across the whole
+resident set. Every count of `--variants` runs `--rounds` times, the counts alternating (8, 64, 256, 8, ...) on
 one loaded model holding max(counts) adapters, after one warm-up run; the table gives each count's
 median and the median over rounds of its ratio to the first count in the same round (paired, so
 the drift of a noisy machine between rounds cancels). `--mix` interleaves the six
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 from pathlib import Path
@@ -114,11 +116,15 @@ def _run(engine, args, prompts, names: list[str]) -> dict:
     params = SamplingParams(max_new_tokens=args.max_tokens)
     scheduler = Scheduler(engine, BatchSettings(prefill_chunk=args.prefill_chunk))
     count = {"next": 0, "done": 0, "tokens": 0}
+    # each request's variant drawn over all of `names` (the same draws for every run of a count),
+    # so 256 variants touch adapters across the whole resident set, not the first `requests`
+    rng = random.Random(len(names))
+    picks = [rng.choice(names) for _ in range(args.requests)]
 
     def submit() -> None:
         i = count["next"]
         count["next"] += 1
-        name = names[i % len(names)]
+        name = picks[i]
         state = engine.start(prompts[i % len(prompts)], params, "ar", None, None, name)
         scheduler.submit(state, name, True, sink)
 
