@@ -98,6 +98,7 @@ class RowLoRA:
     def __init__(self) -> None:
         self._adapters: dict[str, Blocks] = {}
         self._serial: dict[str, int] = {}  # changes when a name is (re)loaded
+        self._rank: dict[str, int] = {}  # an adapter's largest rank: the slot group it joins
         self._counter = itertools.count(1)
         self._hooks: dict[torch.nn.Module, object] = {}  # module -> hook handle
         self._groups: dict[int, SlotGroup] = {}  # rank -> its slots
@@ -124,6 +125,7 @@ class RowLoRA:
     def _set(self, name: str, blocks: Blocks) -> None:
         self._adapters[name] = blocks
         self._serial[name] = next(self._counter)
+        self._rank[name] = max(a.shape[0] for a, _ in blocks.values())
         for module, (a, _) in blocks.items():
             if module not in self._hooks:
                 self._hooks[module] = module.register_forward_hook(self._hook)
@@ -131,7 +133,7 @@ class RowLoRA:
                     group.add_module(module, a)
 
     def _drop(self, name: str) -> None:
-        del self._adapters[name], self._serial[name]
+        del self._adapters[name], self._serial[name], self._rank[name]
         for group in self._groups.values():
             group.release(name)
         used = {m for blocks in self._adapters.values() for m in blocks}
@@ -143,7 +145,7 @@ class RowLoRA:
     def _drop_all(self) -> None:
         for handle in self._hooks.values():
             handle.remove()
-        self._adapters, self._serial, self._hooks, self._groups = {}, {}, {}, {}
+        self._adapters, self._serial, self._rank, self._hooks, self._groups = {}, {}, {}, {}, {}
 
     @contextlib.contextmanager
     def rows(self, names: list[str]):
@@ -165,9 +167,8 @@ class RowLoRA:
         self._forwards += 1
         by_rank: dict[int, dict] = {}
         for name in present:
-            blocks = self._adapters[name]
-            rank = max(a.shape[0] for a, _ in blocks.values())
-            by_rank.setdefault(rank, {})[(name, self._serial[name])] = blocks
+            key = (name, self._serial[name])
+            by_rank.setdefault(self._rank[name], {})[key] = self._adapters[name]
         out = []
         for rank, wanted in sorted(by_rank.items()):
             group = self._groups.get(rank)

@@ -9,6 +9,7 @@ import os
 import shutil
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import transformers
@@ -18,7 +19,7 @@ from specserve.platform.embedded import EmbeddedRedis, free_port
 
 pytestmark = pytest.mark.timeout(600)
 TOKEN = "mux-admin"
-REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]
 CAP = 2  # max_adapters_per_replica: each replica holds two variants
 
 
@@ -94,7 +95,7 @@ def test_a_variants_requests_stay_on_the_replica_holding_it(two_replicas, make_a
     for _ in range(4):
         for name in ["ma", "mb"]:
             assert _served_by(base, name) == holder[name]
-    stats = [s for s in _replica_stats(base) if s]
+    stats = [s for s in _replica_stats(base) if s]  # the replica /metrics sampled
     assert stats and all(s["variant_cache_size"] == CAP for s in stats)
     assert all(s["adapters_resident"] <= CAP for s in stats)
 
