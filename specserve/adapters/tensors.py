@@ -15,6 +15,7 @@ import torch
 
 from specserve.adapters.errors import CorruptAdapterError, UnsupportedAdapterError
 from specserve.adapters.validate import ValidatedAdapter, module_of_key
+from specserve.engine.lora_store import store_dtype  # noqa: F401 (re-exported: the rule's home)
 
 # config keys that would change what the adapter computes; plain LoRA serves none of them
 _REFUSED = (
@@ -44,11 +45,6 @@ def scaling_of(config: dict, module: str) -> float:
     rank = pattern_value(config.get("rank_pattern") or {}, module, config.get("r", 8))
     alpha = pattern_value(config.get("alpha_pattern") or {}, module, config.get("lora_alpha", 8))
     return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-
-
-def store_dtype(base_dtype: torch.dtype) -> torch.dtype:
-    """float32 over a 16-bit base (what peft's autocast_adapter_dtype does), else the base's."""
-    return torch.float32 if base_dtype in (torch.float16, torch.bfloat16) else base_dtype
 
 
 def adapter_tensors(

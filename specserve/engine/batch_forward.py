@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specserve.engine import hf_internals
+from specserve.engine import compiled_batch, hf_internals
 from specserve.engine.batch_cache import BatchKV
 from specserve.engine.forward import ForwardOutput, additive_mask, build_inputs, window_allowed
 from specserve.engine.lora_batch import lora_rows
@@ -79,33 +79,46 @@ def allowed_in(visible: torch.Tensor, starts: list[int], blocks: torch.Tensor) -
 
 @torch.inference_mode()
 def verify_batch_forward(
-    model, kv: BatchKV, rows: list[BatchRow], pad_width: Callable[[int], int] | None = None
+    model,
+    kv: BatchKV,
+    rows: list[BatchRow],
+    pad_width: Callable[[int], int] | None = None,
+    compiled: bool = True,
 ) -> list[ForwardOutput]:
     """Run the target once over every row of `kv` (rows[b] is kv row b); each row gets q new
     columns, all hidden until the commit keeps the accepted ones (`BatchKV.keep`).
     `pad_width(k)`: the device's cheapest width >= k tokens; rows are padded so that rows x q
-    reaches it (on CPU a [2, 2] forward costs less than a [2, 1] one)."""
+    reaches it (on CPU a [2, 2] forward costs less than a [2, 1] one). The call goes to the
+    model's warm compiled batched forward (`engine.compiled_batch`) where it can, unless
+    `compiled` is False."""
     if len(rows) != kv.rows:
         raise ValueError(f"{len(rows)} inputs for a batch cache of {kv.rows} rows")
     q = batch_width(rows, _padded_q(rows, pad_width))
+    layers = tuple(sorted({layer for row in rows for layer in row.feature_layers}))
+    fast = compiled_batch.runner(model, kv, bool(layers)) if compiled else None
     starts = kv.begin(q)
     inputs = build_batch_inputs(rows, kv.visible, starts, q)
-    extents = kv.extents(q)
     device = model.device
-    mask = batch_masks(model.config, inputs, kv, model.dtype, device)
     keep = sorted({r for per_row in inputs.logit_rows for r in per_row})
-    layers = tuple(sorted({layer for row in rows for layer in row.feature_layers}))
-    with lora_rows(model, [row.adapter for row in rows]):
-        out = model(
-            input_ids=inputs.input_ids.to(device),
-            position_ids=inputs.position_ids.to(device),
-            attention_mask=mask,
-            **hf_internals.cache_kwargs(model, kv.cache),
-            use_cache=True,
-            logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),
-            **({"output_hidden_states": True} if layers else {}),
-            **({"row_extents": extents} if extents is not None else {}),
-        )
+    logits_to_keep = torch.tensor(keep, dtype=torch.long, device=device)
+    adapters = [row.adapter for row in rows]
+    if fast is not None:
+        with lora_rows(model, adapters, slotted=True):
+            out = fast(kv, inputs, starts, q, logits_to_keep=logits_to_keep)
+    else:
+        extents = kv.extents(q)
+        mask = batch_masks(model.config, inputs, kv, model.dtype, device)
+        with lora_rows(model, adapters):
+            out = model(
+                input_ids=inputs.input_ids.to(device),
+                position_ids=inputs.position_ids.to(device),
+                attention_mask=mask,
+                **hf_internals.cache_kwargs(model, kv.cache),
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+                **({"output_hidden_states": True} if layers else {}),
+                **({"row_extents": extents} if extents is not None else {}),
+            )
     at = {r: i for i, r in enumerate(keep)}
     features = hf_internals.hidden_features(out, layers) if layers else None  # [b, q, L, H]
     return [

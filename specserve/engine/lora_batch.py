@@ -26,20 +26,21 @@ Blocks = dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]  # module -> A
 _ROWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its RowLoRA
 
 
-def lora_rows(model, adapters: list[str | None]):
+def lora_rows(model, adapters: list[str | None], slotted: bool = False):
     """A context in which a forward of `model` applies adapters[b] to batch row b; one name
     applies to every row of any batch (a `generate()` call). None means the model's default
     when every row says None (no context: a plain model, a store model's base, a peft model's
     active adapter) and the base when mixed with names. Unknown names raise ValueError listing
-    the resident ones. Example: `with lora_rows(model, ["support@2", BASE_ADAPTER]): model(ids)`
-    with ids [2, q]."""
+    the resident ones. `slotted` (a compiled forward): every row through the slots, base rows
+    included. Example: `with lora_rows(model, ["support@2", BASE_ADAPTER]): model(ids)` with
+    ids [2, q]."""
     check_adapters(model, adapters)
-    if all(a is None for a in adapters):
+    if all(a is None for a in adapters) and not slotted:
         return contextlib.nullcontext()
     rows = row_lora(model)
     if rows is None:  # a plain model asked for base rows only
         return contextlib.nullcontext()
-    return rows.rows([BASE_ADAPTER if a is None else a for a in adapters])
+    return rows.rows([BASE_ADAPTER if a is None else a for a in adapters], slotted=slotted)
 
 
 def row_lora(model) -> RowLoRA | None:
@@ -105,6 +106,8 @@ class RowLoRA:
         self._forwards = 0  # rows contexts opened: the slots' clock
         self._mixed = threading.RLock()  # mixed batches share the slot buffers: one at a time
         self._local = threading.local()  # each thread's own `rows` context
+        self._pinned: set[torch.nn.Module] = set()  # hooked whatever the adapters (`pin`)
+        self._pinned_rank = 0  # adapters up to this rank share its slot group (`pin`)
 
     @property
     def _now(self) -> _Forward | None:
@@ -132,11 +135,30 @@ class RowLoRA:
                 for group in self._groups.values():
                     group.add_module(module, a)
 
+    def pin(self, modules: list[torch.nn.Module], rank: int, dtype: torch.dtype) -> None:
+        """Keep hooks on `modules` whatever the adapters, with one slot group of `rank` that every
+        adapter up to that rank joins (zero-padded): the hooks and the slot groups a slotted
+        forward reads then stay the same as adapters come and go, so a compiled forward holds."""
+        self._pinned_rank = rank
+        group = self._groups.get(rank)
+        if group is None:
+            group = self._groups[rank] = SlotGroup(rank)
+            like = torch.empty(0, dtype=dtype, device=modules[0].weight.device)
+            for module in self._hooks:
+                group.add_module(module, like)
+        like = torch.empty(0, dtype=dtype, device=modules[0].weight.device)
+        for module in modules:
+            self._pinned.add(module)
+            if module not in self._hooks:
+                self._hooks[module] = module.register_forward_hook(self._hook)
+                for g in self._groups.values():
+                    g.add_module(module, like)
+
     def _drop(self, name: str) -> None:
         del self._adapters[name], self._serial[name], self._rank[name]
         for group in self._groups.values():
             group.release(name)
-        used = {m for blocks in self._adapters.values() for m in blocks}
+        used = {m for blocks in self._adapters.values() for m in blocks} | self._pinned
         for module in [m for m in self._hooks if m not in used]:
             self._hooks.pop(module).remove()
             for group in self._groups.values():
@@ -146,15 +168,20 @@ class RowLoRA:
         for handle in self._hooks.values():
             handle.remove()
         self._adapters, self._serial, self._rank, self._hooks, self._groups = {}, {}, {}, {}, {}
+        self._pinned, self._pinned_rank = set(), 0
 
     @contextlib.contextmanager
-    def rows(self, names: list[str]):
-        """Apply names[b] to row b (one name: every row) in the forwards inside; nests."""
+    def rows(self, names: list[str], slotted: bool = False):
+        """Apply names[b] to row b (one name: every row) in the forwards inside; nests.
+        `slotted`: through the slots even when every row has one adapter (what a compiled forward
+        needs: the hook then reads tensors only)."""
         present = tuple(sorted({n for n in names if n != BASE_ADAPTER}))
-        masked = len(present) > 1 or BASE_ADAPTER in names
-        with self._mixed if masked and present else contextlib.nullcontext():
+        masked = len(present) > 1 or BASE_ADAPTER in names or slotted
+        # base rows only, slotted and pinned: the pinned group with nothing selected
+        place = masked and bool(present or (slotted and self._pinned_rank))
+        with self._mixed if place else contextlib.nullcontext():
             now = _Forward(present, masked)
-            if masked and present:
+            if place:
                 now.groups = self._place(names, present)
             outer, self._now = self._now, now
             try:
@@ -165,10 +192,12 @@ class RowLoRA:
     def _place(self, names: list[str], present: tuple[str, ...]) -> list:
         """Slot the batch's adapters by rank; (group, selector) per rank the batch holds."""
         self._forwards += 1
-        by_rank: dict[int, dict] = {}
+        by_rank: dict[int, dict] = {self._pinned_rank: {}} if self._pinned_rank else {}
         for name in present:
             key = (name, self._serial[name])
-            by_rank.setdefault(self._rank[name], {})[key] = self._adapters[name]
+            rank = self._rank[name]
+            rank = self._pinned_rank if rank <= self._pinned_rank else rank
+            by_rank.setdefault(rank, {})[key] = self._adapters[name]
         out = []
         for rank, wanted in sorted(by_rank.items()):
             group = self._groups.get(rank)
@@ -186,22 +215,29 @@ class RowLoRA:
     @torch.inference_mode()
     def _hook(self, module, inputs, output):
         now = self._now
-        if now is None or not now.present:
+        if now is None:
             return None
-        if not now.masked:  # one adapter on every row: its own blocks
-            own = self._adapters[now.present[0]].get(module)
-            if own is None:
-                return None
-            a, b = own  # [r, in], [out, r]
-            low = torch.nn.functional.linear(inputs[0].to(a.dtype), a)  # [batch, q, r]
-            return output + torch.nn.functional.linear(low, b).to(output.dtype)
-        delta = None
-        for group, select in now.groups:
-            a, b = group.buffers[module]  # [S r, in], [out, S r]
-            low = torch.nn.functional.linear(inputs[0].to(a.dtype), a)  # [batch, q, S r]
-            part = torch.nn.functional.linear(low * select, b)  # only each row's own slot
-            delta = part if delta is None else delta + part
-        return output + delta.to(output.dtype)  # [batch, q, out]
+        if now.groups:  # slotted: reads tensors only, so a compiled forward never retraces
+            return output + _slot_delta(now.groups, module, inputs[0]).to(output.dtype)
+        if not now.present:
+            return None
+        own = self._adapters[now.present[0]].get(module)  # one adapter on every row
+        if own is None:
+            return None
+        a, b = own  # [r, in], [out, r]
+        low = torch.nn.functional.linear(inputs[0].to(a.dtype), a)  # [batch, q, r]
+        return output + torch.nn.functional.linear(low, b).to(output.dtype)
+
+
+def _slot_delta(groups: list, module, x: torch.Tensor) -> torch.Tensor:
+    """[batch, q, out]: each row's own slot of every rank group, `((x @ A_S^T) * select) @ B_S^T`."""
+    delta = None
+    for group, select in groups:
+        a, b = group.buffers[module]  # [S r, in], [out, S r]
+        low = torch.nn.functional.linear(x.to(a.dtype), a)  # [batch, q, S r]
+        part = torch.nn.functional.linear(low * select, b)  # only each row's own slot
+        delta = part if delta is None else delta + part
+    return delta
 
 
 class PeftRows(RowLoRA):
@@ -216,14 +252,14 @@ class PeftRows(RowLoRA):
         self._key: tuple | None = None
 
     @contextlib.contextmanager
-    def rows(self, names: list[str]):
+    def rows(self, names: list[str], slotted: bool = False):
         self._sync()
         layers = list(self._hooks)
         before = [m._disable_adapters for m in layers]
         for m in layers:  # peft's own LoRA off (peft's disable_adapter context is slow)
             m._disable_adapters = True
         try:
-            with super().rows(names):
+            with super().rows(names, slotted):
                 yield
         finally:
             for m, flag in zip(layers, before, strict=True):

@@ -93,4 +93,6 @@ def selector(slot_of_row: list[int], slots: int, rank: int, like: torch.Tensor) 
     Example: slot_of_row [1, -1, 0], 2 slots, rank 1 -> [[[0, 1]], [[0, 0]], [[1, 0]]]."""
     index = torch.tensor(slot_of_row) + 1  # [batch], 0 = none
     onehot = torch.nn.functional.one_hot(index, slots + 1)[:, 1:]  # [batch, slots]
-    return onehot.repeat_interleave(rank, dim=1)[:, None].to(like)
+    select = onehot.repeat_interleave(rank, dim=1)[:, None].to(like)
+    torch._dynamo.mark_static(select, 1)  # a literal 1 (broadcast over q), even in a compiled forward
+    return select

@@ -67,6 +67,12 @@ class LoRAStore(RowLoRA):
         return module
 
 
+def store_dtype(base_dtype: torch.dtype) -> torch.dtype:
+    """The dtype adapter tensors are held in: float32 over a 16-bit base (what peft's
+    autocast_adapter_dtype does), else the base's. Example: bfloat16 -> float32."""
+    return torch.float32 if base_dtype in (torch.float16, torch.bfloat16) else base_dtype
+
+
 def attach_store(model) -> LoRAStore:
     """The LoRAStore of a plain (not peft-wrapped) model, created on first use."""
     if is_peft_model(model):

@@ -30,8 +30,10 @@ from specserve.engine.hf_internals.cache import (
     make_contiguous,
     new_batch_cache,
     new_cache,
+    reserve,
     row_writes,
     set_write_columns,
+    set_write_index,
     write_row,
 )
 from specserve.engine.hf_internals.windows import (
@@ -66,9 +68,11 @@ __all__ = [
     "new_batch_cache",
     "new_cache",
     "num_layers",
+    "reserve",
     "rotary",
     "row_writes",
     "set_write_columns",
+    "set_write_index",
     "strip_quantizer",
     "window",
     "window_offset",

@@ -92,9 +92,17 @@ def _grouped_sdpa(module, query, key, value, mask, scaling=None, dropout=0.0, **
         attn_mask=mask,
         dropout_p=dropout,
         scale=scaling,
-        enable_gqa=query.shape[1] != key.shape[1],
+        enable_gqa=_grouped(module, query, key),
     )
     return out.transpose(1, 2).contiguous()
+
+
+def _grouped(module, query, key) -> bool:
+    """Whether key/value heads are shared by query heads: from the module's
+    `num_key_value_groups` where it has one (a plain bool even in a compiled forward, where the
+    shapes are symbolic), else from the shapes."""
+    groups = getattr(module, "num_key_value_groups", None)
+    return groups != 1 if isinstance(groups, int) else query.shape[1] != key.shape[1]
 
 
 def _transformers_sdpa(module, query, key, value, mask, **kwargs) -> torch.Tensor:

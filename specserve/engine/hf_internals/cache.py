@@ -101,16 +101,23 @@ class GrowingLayer(DynamicLayer):
 
     With `write_at` set (`set_write_columns`), batch row b writes its q new entries at columns
     [write_at[b], write_at[b] + q) and the used part becomes max(write_at) + q: rows of different
-    lengths each append right after their own entries (a ragged batch in one tensor)."""
+    lengths each append right after their own entries (a ragged batch in one tensor).
+
+    With `write_index` set (`set_write_index`, for a compiled forward), row b writes at the columns
+    write_index[b] [q] of buffers already `reserve`d, and `keys` / `values` are the whole buffers:
+    tensors only, no Python ints, so the graph holds for any batch, width and length."""
 
     def __init__(self) -> None:
         self._k = self._v = None  # [b, h, capacity, d]
         self._used = 0
         self.write_at: list[int] | None = None  # per batch row; None: everyone at `_used`
+        self.write_index: torch.Tensor | None = None  # [b, q] columns (compiled forwards)
         super().__init__()
 
     @property
     def keys(self):
+        if self.write_index is not None:
+            return self._k  # the whole reserved buffer; the mask covers it
         return None if self._k is None else self._k[:, :, : self._used]
 
     @keys.setter
@@ -120,6 +127,8 @@ class GrowingLayer(DynamicLayer):
 
     @property
     def values(self):
+        if self.write_index is not None:
+            return self._v
         return None if self._v is None else self._v[:, :, : self._used]
 
     @values.setter
@@ -131,6 +140,8 @@ class GrowingLayer(DynamicLayer):
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
+        if self.write_index is not None:
+            return self._write_indexed(key_states, value_states)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         q = key_states.shape[2]
@@ -153,12 +164,28 @@ class GrowingLayer(DynamicLayer):
         self._used = end
         return self.keys, self.values
 
+    def _write_indexed(self, key_states, value_states):
+        """Row b's q entries at columns write_index[b] (an index_put, which inductor updates in
+        place; a scatter_ would copy the whole buffer every step, measured)."""
+        rows = torch.arange(key_states.shape[0], device=key_states.device)[:, None]  # [b, 1]
+        self._k[rows, :, self.write_index] = key_states.transpose(1, 2)  # [b, q, h, d]
+        self._v[rows, :, self.write_index] = value_states.transpose(1, 2)
+        return self._k, self._v
+
+    def reserve(self, end: int) -> int:
+        """Room for `end` columns (growing as `update` does), which the next forward's rows use;
+        returns the capacity. Only for a layer that holds entries."""
+        if end > self._k.shape[2]:
+            self._grow(self._k, self._v, end)
+        self._used = end
+        return self._k.shape[2]
+
     def _grow(self, key_states, value_states, end: int) -> None:
         """Reallocate with room for half as much again (and 64 more) and copy the used part."""
         b, h, _, d = key_states.shape
         capacity = end * 3 // 2 + 64
-        k = key_states.new_empty(b, h, capacity, d)  # never read past `_used`
-        v = value_states.new_empty(b, h, capacity, value_states.shape[3])
+        k = key_states.new_zeros(b, h, capacity, d)  # zeros: a masked column must not be NaN
+        v = value_states.new_zeros(b, h, capacity, value_states.shape[3])
         if self._used:
             k[:, :, : self._used] = self._k[:, :, : self._used]
             v[:, :, : self._used] = self._v[:, :, : self._used]
@@ -178,6 +205,22 @@ def set_write_columns(
     after the used part), in `layers` (indices; None: all). Only where `row_writes(cache)`."""
     for i in _indices(cache, layers):
         cache.layers[i].write_at = columns
+
+
+def reserve(cache: DynamicCache, end: int) -> int:
+    """Every layer has room for `end` columns, which the next forward uses; the capacity (the
+    same in every layer). For a batch cache whose rows are in (`append_row`)."""
+    capacities = {layer.reserve(end) for layer in cache.layers}
+    if len(capacities) != 1:
+        raise RuntimeError(f"batch cache layers disagree on capacity: {sorted(capacities)}")
+    return capacities.pop()
+
+
+def set_write_index(cache: DynamicCache, index: torch.Tensor | None) -> None:
+    """The next forwards write batch row b's entries at columns index[b] [q] of the reserved
+    buffers, which every layer then returns whole (None: back to `write_at` / the used part)."""
+    for layer in cache.layers:
+        layer.write_index = index
 
 
 def _indices(cache: DynamicCache, layers: Sequence[int] | None) -> Sequence[int]:

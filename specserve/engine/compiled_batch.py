@@ -1,0 +1,253 @@
+"""A compiled batched forward (a server's decode step): `torch.compile` of the target over a batch
+cache written through tensor indices (`hf_internals.set_write_index`), a mask over its whole
+reserved width and slotted LoRA, so four graphs (1 or more rows x 1 or more query rows) hold for
+any batch layout, cache length and adapter mix. `warm` compiles them over a scratch batch and
+measures eager vs compiled steps; until then, and for calls it cannot take, the step runs eager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from specserve.engine import hf_internals
+from specserve.engine.compiled import CompileUnsupported, sync_device
+from specserve.engine.lora import is_peft_model
+from specserve.engine.lora_store import store_dtype, store_of
+
+CONTEXT = 200  # cache length the warm-up measures at (as the cost curve does)
+_ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> CompiledBatch
+
+
+class BatchCompileSettings(BaseModel):
+    """How the batched forward is compiled (whether: `compile_choice.decide`); unknown keys fail."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lora_modules: tuple[str, ...] = Field(
+        ("q_proj", "k_proj", "v_proj", "o_proj"),
+        description="Linear names (last part) hooked for LoRA before compiling, on a model with a "
+        "LoRA store; an adapter touching others makes its batches run eager",
+    )
+    lora_rank: int = Field(8, ge=1, description="adapters up to this rank share the compiled slots")
+    rows: tuple[int, ...] = Field((1, 16), description="batch rows the warm-up measures at")
+    inductor_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
+
+
+class BatchCompileRecord(BaseModel):
+    """What one warm-up measured: eager vs compiled batched steps at CONTEXT, and its start."""
+
+    model_id: str
+    device: str
+    dtype: str
+    threads: int
+    torch: str
+    eager_ms: dict[int, float]  # batch rows (one query row each) -> median ms per step
+    compiled_ms: dict[int, float]
+    start_s: float  # warm-up: tracing + compiling (or loading from disk) the four graphs
+    max_abs_diff: float  # largest |compiled - eager| logit over the measured steps
+    graphs: int = 0
+
+    @property
+    def gain(self) -> float:
+        """eager / compiled cost of the widest measured step. Example: 152 vs 120 ms -> 1.27."""
+        rows = max(self.compiled_ms)
+        return self.eager_ms[rows] / self.compiled_ms[rows]
+
+    @property
+    def bit_exact(self) -> bool:
+        return self.max_abs_diff == 0.0
+
+
+def attach_batch(model, settings: BatchCompileSettings) -> CompiledBatch:
+    """Give `model` a compiled batched forward (not yet warm); `verify_batch_forward` routes
+    through `runner`."""
+    compiled = CompiledBatch(model, settings)
+    _ATTACHED[model] = compiled
+    return compiled
+
+
+def runner(model, kv, feature_layers: bool) -> CompiledBatch | None:
+    """The warm compiled batched forward for this call, or None (eager): not attached or not warm
+    yet, a cache with sliding-window groups, or hidden features asked (they graph-break)."""
+    compiled = _ATTACHED.get(model)
+    if compiled is None or not compiled.serves or feature_layers or len(kv.groups) != 1:
+        return None
+    return compiled
+
+
+class CompiledBatch:
+    """The compiled forward of one model over batch caches. On a model with a LoRA store, the
+    `lora_modules` are hooked up front (`RowLoRA.pin`) so adapter loads never change the graph."""
+
+    def __init__(self, model, settings: BatchCompileSettings) -> None:
+        if is_peft_model(model):
+            raise CompileUnsupported("compile: a peft-wrapped model stays eager (serve a store)")
+        if any(w is not None for w in hf_internals.layer_windows(model.config)):
+            raise CompileUnsupported(
+                "compile: the batched forward of a sliding-window model stays eager (its layer "
+                "groups keep their own columns)"
+            )
+        self.model = model
+        self.settings = settings
+        hf_internals.enable_row_attention(model)  # what the scheduler switches to: the graphs guard it
+        store = store_of(model)
+        if store is not None:
+            modules = [
+                m
+                for name, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in settings.lora_modules
+            ]
+            if not modules:
+                raise CompileUnsupported(f"compile: no Linear named {settings.lora_modules}")
+            store.pin(modules, settings.lora_rank, store_dtype(model.dtype))
+        self._compiled = torch.compile(model.forward, dynamic=True, mode=settings.inductor_mode)
+        self.record: BatchCompileRecord | None = None  # set by `warm`; until then calls run eager
+        self._warming = False
+        self.calls = 0  # steps routed here (after warm-up), for tests and figures
+
+    @property
+    def ready(self) -> bool:
+        return self.record is not None
+
+    @property
+    def serves(self) -> bool:
+        """Calls route here: warm, or warming up (on the thread that warms)."""
+        return self.ready or self._warming
+
+    def __call__(self, kv, inputs, starts: list[int], q: int, **kwargs):
+        """The model's output for `inputs` (a `BatchInputs` laid out after `kv.begin(q)`): entries
+        written at [starts[b], starts[b] + q), attention over the whole reserved width."""
+        self.calls += 0 if self._warming else 1
+        capacity = hf_internals.reserve(kv.cache, max(starts) + q)
+        index = torch.tensor(starts)[:, None] + torch.arange(q)  # [b, q]
+        allowed = torch.nn.functional.pad(inputs.allowed, (0, capacity - kv.columns))  # False
+        from specserve.engine.forward import additive_mask  # forward imports batch_forward
+
+        device = self.model.device
+        mask = additive_mask(allowed, self.model.dtype, device)[:, None]  # [b, 1, q, capacity]
+        hf_internals.set_write_index(kv.cache, index.to(device))
+        try:
+            with _tracing_config():
+                return self._compiled(
+                    input_ids=inputs.input_ids.to(device),
+                    position_ids=inputs.position_ids.to(device),
+                    attention_mask=hf_internals.layer_masks(self.model.config, mask, None),
+                    **hf_internals.cache_kwargs(self.model, kv.cache),
+                    use_cache=True,
+                    **kwargs,
+                )
+        finally:
+            hf_internals.set_write_index(kv.cache, None)
+
+    def warm(self, model_id: str) -> BatchCompileRecord:
+        """Compile the four graphs (1 or 3 rows x 1 or 4 query rows), then time eager vs compiled
+        steps at `settings.rows` rows over CONTEXT-token rows, interleaved."""
+        from torch._dynamo.utils import counters
+
+        graphs = counters["stats"]["unique_graphs"]
+        start = time.perf_counter()
+        self._warming = True
+        try:
+            with torch.compiler.set_stance("default"):
+                for rows in (1, 3):
+                    kv = scratch_batch(self.model, rows)
+                    for q in (1, 4):
+                        _step(self.model, kv, rows, q, compiled=True)
+            start_s = time.perf_counter() - start
+            eager, compiled, diff = self._compare()
+        finally:
+            self._warming = False
+        self.record = BatchCompileRecord(
+            model_id=model_id,
+            device=str(self.model.device),
+            dtype=str(self.model.dtype),
+            threads=torch.get_num_threads(),
+            torch=torch.__version__,
+            eager_ms=eager,
+            compiled_ms=compiled,
+            start_s=round(start_s, 1),
+            max_abs_diff=diff,
+            graphs=counters["stats"]["unique_graphs"] - graphs,
+        )
+        torch.compiler.set_stance("eager_on_recompile")  # no minutes-long compile in the loop
+        return self.record
+
+    def _compare(self, repeats: int = 5):
+        times: dict[str, dict[int, list[float]]] = {"eager": {}, "compiled": {}}
+        diff = 0.0
+        kvs = {rows: scratch_batch(self.model, rows) for rows in self.settings.rows}
+        for _ in range(repeats):
+            for rows, kv in kvs.items():
+                outs = []
+                for label in ("eager", "compiled"):
+                    sync_device(self.model.device)
+                    begin = time.perf_counter()
+                    outs.append(_step(self.model, kv, rows, 1, compiled=label == "compiled"))
+                    sync_device(self.model.device)
+                    times[label].setdefault(rows, []).append(time.perf_counter() - begin)
+                diff = max(diff, (outs[0] - outs[1]).abs().max().item())
+        median = {
+            label: {k: round(sorted(t)[len(t) // 2] * 1000, 2) for k, t in per.items()}
+            for label, per in times.items()
+        }
+        return median["eager"], median["compiled"], diff
+
+
+@contextlib.contextmanager
+def _tracing_config():
+    """Dynamo settings a batched graph needs: tensors reached through modules (the LoRA slot
+    buffers, the selector) keep dynamic sizes, sizes that happen to be equal are not unified,
+    and floats (norm eps, attention scale) are constants (see `CompiledForward.warm`)."""
+    import torch.fx.experimental._config as fx_config
+
+    with (
+        torch._dynamo.config.patch(
+            force_nn_module_property_static_shapes=False, specialize_float=True
+        ),
+        fx_config.patch(use_duck_shape=False),
+    ):
+        yield
+
+
+def scratch_batch(model, rows: int):
+    """A `BatchKV` of `rows` rows, each holding the same CONTEXT - 1 scratch positions."""
+    from specserve.engine.batch_cache import BatchKV
+
+    vocab = model.config.vocab_size
+    prefix = [(7 * i + 3) % vocab for i in range(CONTEXT - 1)]
+    cache = hf_internals.new_cache(model.config)
+    with torch.inference_mode():
+        model(
+            input_ids=torch.tensor([prefix], device=model.device),
+            **hf_internals.cache_kwargs(model, cache),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    kv = BatchKV(model.config)
+    for _ in range(rows):
+        kv.add(cache, CONTEXT - 1)
+    return kv
+
+
+def _step(model, kv, rows: int, q: int, compiled: bool) -> torch.Tensor:
+    """One batched step of `rows` rows, each a pending token plus a chain draft of q - 1 tokens
+    (adapters: none selected), whose new entries are then dropped; row 0's logits [q, vocab]."""
+    from specserve.engine.batch_forward import BatchRow, verify_batch_forward
+    from specserve.engine.lora import BASE_ADAPTER
+    from specserve.engine.lora_batch import takes_adapters
+    from specserve.engine.tree import Draft, DraftTree
+
+    chain = DraftTree(tuple(range(5, 4 + q)), tuple(range(-1, q - 2)))
+    adapter = BASE_ADAPTER if takes_adapters(model) else None
+    past = kv.lengths()
+    batch = [BatchRow(past[b], [3 + b], Draft(chain), adapter) for b in range(rows)]
+    out = verify_batch_forward(model, kv, batch, compiled=compiled)
+    for b in range(rows):
+        kv.keep(b, [])
+    return out[0].tree_logits.float()
