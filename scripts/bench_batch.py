@@ -23,6 +23,7 @@ from pathlib import Path
 
 from specserve.adapters.resident import ResidentAdapters, base_model_names
 from specserve.adapters.settings import AdapterLimits
+from specserve.engine import compiled_batch
 from specserve.engine.decode import Engine
 from specserve.engine.dtype_choice import Workload
 from specserve.engine.models import default_cache_dir, load_model
@@ -58,6 +59,13 @@ def main() -> None:
         default=PlatformSettings().dtype_rows,
         help="decode rows auto prices at (default: the model server's)",
     )
+    ap.add_argument(
+        "--compile",
+        choices=("off", "on"),
+        default="off",
+        help="on: warm the compiled batched forward, then run every count eager and compiled "
+        "in alternation (paired ratios)",
+    )
     args = ap.parse_args()
     counts = [int(c) for c in args.variants.split(",")]
 
@@ -78,33 +86,46 @@ def main() -> None:
         f"budget (default settings: room for {adapters.capacity} rank-8 adapters)"
     )
     engine = Engine(adapters.model, loaded.tokenizer, loaded.eos_token_ids)
+    target = None
+    if args.compile == "on":
+        target = compiled_batch.attach_batch(adapters.model, compiled_batch.BatchCompileSettings())
+        record = target.warm(args.model)
+        print(f"compiled batched forward: {record.model_dump_json()}", flush=True)
     rows = [json.loads(line) for line in args.data.read_text().splitlines()]
     texts = interleave_tasks(rows) if args.mix else [r["turns"][0] for r in rows]
     prompts = [encode_messages(loaded.tokenizer, [{"role": "user", "content": t}]) for t in texts]
-    runs: dict[int, list[dict]] = {c: [] for c in counts}
+    modes = ["eager", "compiled"] if target is not None else ["eager"]
+    keys = [(c, m) for c in counts for m in modes]
+    runs: dict[tuple, list[dict]] = {k: [] for k in keys}
     _run(engine, args, prompts, names[: counts[0]])  # warm-up: first-forward costs, allocator
     for _ in range(args.rounds):
-        for count in counts:
-            runs[count].append(_run(engine, args, prompts, names[:count]))
-            r = runs[count][-1]
+        for count, mode in keys:
+            if target is not None:
+                target.enabled = mode == "compiled"
+            runs[count, mode].append(_run(engine, args, prompts, names[:count]))
+            r = runs[count, mode][-1]
             print(
-                f"  {count} variants: {r['tok_s']:.1f} tok/s, decode step {r['step_ms']:.1f} ms "
-                f"at {r['rows']:.1f} rows, prefill {r['prefill_ms']:.3f} ms/token",
+                f"  {count} variants {mode}: {r['tok_s']:.1f} tok/s, decode step "
+                f"{r['step_ms']:.1f} ms at {r['rows']:.1f} rows, prefill {r['prefill_ms']:.3f} "
+                "ms/token",
                 flush=True,
             )
-    first = runs[counts[0]]
+    first = runs[keys[0]]
     print(
         f"concurrency {args.concurrency}, {args.requests} requests, {args.max_tokens} max "
         f"tokens, {'mixed tasks' if args.mix else 'file order'}, medians of {args.rounds}:"
     )
-    print("| variants | tok/s | vs first (paired) | decode step | prefill per token | vs first |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for count in counts:
-        med = {k: statistics.median(r[k] for r in runs[count]) for k in runs[count][0]}
-        tok = [r["tok_s"] / f["tok_s"] for r, f in zip(runs[count], first, strict=True)]
-        pre = [r["prefill_ms"] / f["prefill_ms"] for r, f in zip(runs[count], first, strict=True)]
+    print(
+        "| variants | forward | tok/s | vs first (paired) | decode step | prefill per token | vs first |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for count, mode in keys:
+        got = runs[count, mode]
+        med = {k: statistics.median(r[k] for r in got) for k in got[0]}
+        tok = [r["tok_s"] / f["tok_s"] for r, f in zip(got, first, strict=True)]
+        pre = [r["prefill_ms"] / f["prefill_ms"] for r, f in zip(got, first, strict=True)]
         print(
-            f"| {count} | {med['tok_s']:.1f} | {statistics.median(tok):.3f}x "
+            f"| {count} | {mode} | {med['tok_s']:.1f} | {statistics.median(tok):.3f}x "
             f"({', '.join(f'{x:.2f}' for x in tok)}) | {med['step_ms']:.1f} ms at "
             f"{med['rows']:.1f} rows | {med['prefill_ms']:.3f} ms | {statistics.median(pre):.3f}x "
             f"({', '.join(f'{x:.2f}' for x in pre)}) |"

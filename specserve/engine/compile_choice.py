@@ -1,6 +1,7 @@
 """Whether the target forward is compiled: `decide` turns `--compile auto|on|off` and the cached
-measurement of an earlier warm-up (`CompileRecord`, per model, device, dtype, threads and torch)
-into a decision with its reason; never a guess from the device kind.
+measurement of an earlier warm-up (`CompileRecord` of the verify forward, `BatchCompileRecord` of
+the batched one; per model, device, dtype, threads and torch) into a decision with its reason;
+never a guess from the device kind.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ import torch
 from pydantic import BaseModel
 
 from specserve.engine.compiled import CompileRecord
+from specserve.engine.compiled_batch import BatchCompileRecord
 from specserve.engine.cost import cache_stem
+
+Record = CompileRecord | BatchCompileRecord
 
 MIN_GAIN = 1.05  # `auto` compiles when the compiled 1-token forward is at least this much cheaper
 
@@ -22,8 +26,10 @@ class CompileDecision(BaseModel):
     reason: str
 
 
-def decide(mode: str, record: CompileRecord | None, dtype: torch.dtype) -> CompileDecision:
-    """Whether to compile, and why. `auto` follows the cached measurement only.
+def decide(mode: str, record: Record | None, dtype: torch.dtype) -> CompileDecision:
+    """Whether to compile, and why. `auto` follows the cached measurement only (the single verify
+    forward's `CompileRecord` at 1 row, or the batched forward's `BatchCompileRecord` at its
+    widest measured batch).
 
     Example: auto, record gain 1.49, bf16 -> on ("measured 1.49x ..."); auto, no record -> off.
     """
@@ -33,9 +39,11 @@ def decide(mode: str, record: CompileRecord | None, dtype: torch.dtype) -> Compi
         return CompileDecision(
             enabled=False, reason="auto: not measured here yet (`specserve tune --compile on`)"
         )
+    at = 1 if isinstance(record, CompileRecord) else max(record.compiled_ms)
+    what = "1-token forward" if isinstance(record, CompileRecord) else f"{at}-row batched step"
     measured = (
-        f"measured compiled {record.compiled_ms[1]:.1f} ms vs eager {record.eager_ms[1]:.1f} ms "
-        f"per 1-token forward ({record.gain:.2f}x), first start {record.start_s:.0f} s"
+        f"measured compiled {record.compiled_ms[at]:.1f} ms vs eager {record.eager_ms[at]:.1f} ms "
+        f"per {what} ({record.gain:.2f}x), first start {record.start_s:.0f} s"
     )
     if record.gain < MIN_GAIN:
         return CompileDecision(enabled=False, reason=f"auto: {measured}, below {MIN_GAIN}x")
@@ -48,23 +56,27 @@ def decide(mode: str, record: CompileRecord | None, dtype: torch.dtype) -> Compi
     return CompileDecision(enabled=True, reason=f"auto: {measured}")
 
 
-def record_path(cache_dir: Path, model_id: str, device, dtype) -> Path:
+def record_path(cache_dir: Path, model_id: str, device, dtype, batched: bool = False) -> Path:
     stem = cache_stem(model_id, device, f"{dtype}-t{torch.get_num_threads()}")
-    return Path(cache_dir) / "costs" / f"compile-{stem}.json"
+    return Path(cache_dir) / "costs" / f"compile-{'batch-' if batched else ''}{stem}.json"
 
 
-def cached_record(cache_dir: Path, model_id: str, device, dtype) -> CompileRecord | None:
+def cached_record(
+    cache_dir: Path, model_id: str, device, dtype, batched: bool = False
+) -> Record | None:
     """The measurement of an earlier warm-up in this configuration (None if absent or from
-    another torch version)."""
-    path = record_path(cache_dir, model_id, device, dtype)
+    another torch version); `batched`: the batched forward's."""
+    path = record_path(cache_dir, model_id, device, dtype, batched)
     if not path.exists():
         return None
-    record = CompileRecord.model_validate(json.loads(path.read_text()))
+    kind = BatchCompileRecord if batched else CompileRecord
+    record = kind.model_validate(json.loads(path.read_text()))
     return record if record.torch == torch.__version__ else None
 
 
-def save_record(cache_dir: Path, record: CompileRecord) -> Path:
-    path = record_path(cache_dir, record.model_id, record.device, record.dtype)
+def save_record(cache_dir: Path, record: Record) -> Path:
+    batched = isinstance(record, BatchCompileRecord)
+    path = record_path(cache_dir, record.model_id, record.device, record.dtype, batched)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(record.model_dump_json(indent=1))
     return path

@@ -7,7 +7,7 @@ measures eager vs compiled steps; until then, and for calls it cannot take, the 
 
 from __future__ import annotations
 
-import contextlib
+import threading
 import time
 import weakref
 from typing import Literal
@@ -78,7 +78,7 @@ def runner(model, kv, feature_layers: bool) -> CompiledBatch | None:
     compiled = _ATTACHED.get(model)
     if compiled is None or not compiled.serves or feature_layers or len(kv.groups) != 1:
         return None
-    return compiled
+    return compiled if compiled.enabled else None
 
 
 class CompiledBatch:
@@ -95,21 +95,25 @@ class CompiledBatch:
             )
         self.model = model
         self.settings = settings
-        hf_internals.enable_row_attention(model)  # what the scheduler switches to: the graphs guard it
+        hf_internals.enable_row_attention(
+            model
+        )  # what the scheduler switches to: the graphs guard it
         store = store_of(model)
         if store is not None:
             modules = [
                 m
                 for name, m in model.named_modules()
-                if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in settings.lora_modules
+                if isinstance(m, torch.nn.Linear)
+                and name.rsplit(".", 1)[-1] in settings.lora_modules
             ]
             if not modules:
                 raise CompileUnsupported(f"compile: no Linear named {settings.lora_modules}")
             store.pin(modules, settings.lora_rank, store_dtype(model.dtype))
         self._compiled = torch.compile(model.forward, dynamic=True, mode=settings.inductor_mode)
         self.record: BatchCompileRecord | None = None  # set by `warm`; until then calls run eager
-        self._warming = False
+        self._warming: int | None = None  # the thread warming up (its calls route here)
         self.calls = 0  # steps routed here (after warm-up), for tests and figures
+        self.enabled = True  # False: every step eager (a paired eager-vs-compiled measurement)
 
     @property
     def ready(self) -> bool:
@@ -117,13 +121,14 @@ class CompiledBatch:
 
     @property
     def serves(self) -> bool:
-        """Calls route here: warm, or warming up (on the thread that warms)."""
-        return self.ready or self._warming
+        """Calls route here: warm, or warming up on this thread (the engine loop may serve
+        eager beside a warm-up in another thread)."""
+        return self.ready or self._warming == threading.get_ident()
 
     def __call__(self, kv, inputs, starts: list[int], q: int, **kwargs):
         """The model's output for `inputs` (a `BatchInputs` laid out after `kv.begin(q)`): entries
         written at [starts[b], starts[b] + q), attention over the whole reserved width."""
-        self.calls += 0 if self._warming else 1
+        self.calls += 0 if self._warming else 1  # warm-up steps are not counted
         capacity = hf_internals.reserve(kv.cache, max(starts) + q)
         index = torch.tensor(starts)[:, None] + torch.arange(q)  # [b, q]
         allowed = torch.nn.functional.pad(inputs.allowed, (0, capacity - kv.columns))  # False
@@ -132,6 +137,7 @@ class CompiledBatch:
         device = self.model.device
         mask = additive_mask(allowed, self.model.dtype, device)[:, None]  # [b, 1, q, capacity]
         hf_internals.set_write_index(kv.cache, index.to(device))
+        _static_dims(kv.cache)
         try:
             with _tracing_config():
                 return self._compiled(
@@ -146,23 +152,24 @@ class CompiledBatch:
             hf_internals.set_write_index(kv.cache, None)
 
     def warm(self, model_id: str) -> BatchCompileRecord:
-        """Compile the four graphs (1 or 3 rows x 1 or 4 query rows), then time eager vs compiled
-        steps at `settings.rows` rows over CONTEXT-token rows, interleaved."""
+        """Compile the four graphs (1 or 3 rows x 1 or 5 query rows, the wide ones keeping 2
+        logit rows: sizes that coincide would be unified in the graph), then time eager vs
+        compiled steps at `settings.rows` rows over CONTEXT-token rows, interleaved."""
         from torch._dynamo.utils import counters
 
         graphs = counters["stats"]["unique_graphs"]
         start = time.perf_counter()
-        self._warming = True
+        self._warming = threading.get_ident()
         try:
             with torch.compiler.set_stance("default"):
                 for rows in (1, 3):
                     kv = scratch_batch(self.model, rows)
-                    for q in (1, 4):
+                    for q in (1, 5):
                         _step(self.model, kv, rows, q, compiled=True)
             start_s = time.perf_counter() - start
             eager, compiled, diff = self._compare()
         finally:
-            self._warming = False
+            self._warming = None
         self.record = BatchCompileRecord(
             model_id=model_id,
             device=str(self.model.device),
@@ -199,20 +206,25 @@ class CompiledBatch:
         return median["eager"], median["compiled"], diff
 
 
-@contextlib.contextmanager
 def _tracing_config():
     """Dynamo settings a batched graph needs: tensors reached through modules (the LoRA slot
-    buffers, the selector) keep dynamic sizes, sizes that happen to be equal are not unified,
-    and floats (norm eps, attention scale) are constants (see `CompiledForward.warm`)."""
-    import torch.fx.experimental._config as fx_config
+    buffers, the selector) keep dynamic sizes, and floats (norm eps, attention scale) are
+    constants (see `CompiledForward.warm`). Equal sizes stay unified (duck shapes): without it
+    every slot buffer's size is its own symbol and inductor spent over 12 minutes fusing
+    SmolLM2's graph (measured); the warm-up's sizes avoid coincidences instead, and the sizes
+    that never change are marked static (`_static_dims`)."""
+    return torch._dynamo.config.patch(
+        force_nn_module_property_static_shapes=False, specialize_float=True
+    )
 
-    with (
-        torch._dynamo.config.patch(
-            force_nn_module_property_static_shapes=False, specialize_float=True
-        ),
-        fx_config.patch(use_duck_shape=False),
-    ):
-        yield
+
+def _static_dims(cache) -> None:
+    """Heads and head size of every cache buffer are fixed: marked static, so a batch or width
+    that happens to equal them is never unified with them."""
+    for layer in cache.layers:
+        for t in (layer._k, layer._v):
+            torch._dynamo.mark_static(t, 1)
+            torch._dynamo.mark_static(t, 3)
 
 
 def scratch_batch(model, rows: int):
@@ -236,18 +248,20 @@ def scratch_batch(model, rows: int):
 
 
 def _step(model, kv, rows: int, q: int, compiled: bool) -> torch.Tensor:
-    """One batched step of `rows` rows, each a pending token plus a chain draft of q - 1 tokens
-    (adapters: none selected), whose new entries are then dropped; row 0's logits [q, vocab]."""
+    """One batched step of `rows` rows, each a pending token (q = 1) or a pending token and one
+    draft token padded to q query rows (adapters: none selected), whose new entries are then
+    dropped; row 0's logits [1 or 2, vocab]."""
     from specserve.engine.batch_forward import BatchRow, verify_batch_forward
     from specserve.engine.lora import BASE_ADAPTER
     from specserve.engine.lora_batch import takes_adapters
     from specserve.engine.tree import Draft, DraftTree
 
-    chain = DraftTree(tuple(range(5, 4 + q)), tuple(range(-1, q - 2)))
+    draft = Draft(DraftTree((5,), (-1,))) if q > 1 else Draft()
     adapter = BASE_ADAPTER if takes_adapters(model) else None
     past = kv.lengths()
-    batch = [BatchRow(past[b], [3 + b], Draft(chain), adapter) for b in range(rows)]
-    out = verify_batch_forward(model, kv, batch, compiled=compiled)
+    batch = [BatchRow(past[b], [3 + b], draft, adapter) for b in range(rows)]
+    pad = (lambda k: q * rows) if q > 1 else None  # every row padded to q query rows
+    out = verify_batch_forward(model, kv, batch, pad, compiled=compiled)
     for b in range(rows):
         kv.keep(b, [])
     return out[0].tree_logits.float()

@@ -196,7 +196,7 @@ class RowLoRA:
         for name in present:
             key = (name, self._serial[name])
             rank = self._rank[name]
-            rank = self._pinned_rank if rank <= self._pinned_rank else rank
+            rank = max(self._pinned_rank, rank)  # up to the pinned rank: the pinned group
             by_rank.setdefault(rank, {})[key] = self._adapters[name]
         out = []
         for rank, wanted in sorted(by_rank.items()):

@@ -57,7 +57,7 @@ class SlotGroup:
         s, r = self.slots, self.rank
         a = torch.zeros(s * r, module.in_features, dtype=like.dtype, device=like.device)
         b = torch.zeros(module.out_features, s * r, dtype=like.dtype, device=like.device)
-        self.buffers[module] = (a, b)
+        self.buffers[module] = _fixed_features(a, b)
 
     def drop_module(self, module: torch.nn.Module) -> None:
         self.buffers.pop(module, None)
@@ -83,9 +83,16 @@ class SlotGroup:
         for module, (a, b) in self.buffers.items():
             a_new = torch.cat([a, a.new_zeros(extra, a.shape[1])])
             b_new = torch.cat([b, b.new_zeros(b.shape[0], extra)], dim=1)
-            self.buffers[module] = (a_new, b_new)
+            self.buffers[module] = _fixed_features(a_new, b_new)
         self.holder += [None] * (slots - self.slots)
         self.used += [0] * (slots - len(self.used))
+
+
+def _fixed_features(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Marks a module's in and out sizes static (only S r varies) for a compiled forward."""
+    torch._dynamo.mark_static(a, 1)
+    torch._dynamo.mark_static(b, 0)
+    return a, b
 
 
 def selector(slot_of_row: list[int], slots: int, rank: int, like: torch.Tensor) -> torch.Tensor:
@@ -94,5 +101,7 @@ def selector(slot_of_row: list[int], slots: int, rank: int, like: torch.Tensor) 
     index = torch.tensor(slot_of_row) + 1  # [batch], 0 = none
     onehot = torch.nn.functional.one_hot(index, slots + 1)[:, 1:]  # [batch, slots]
     select = onehot.repeat_interleave(rank, dim=1)[:, None].to(like)
-    torch._dynamo.mark_static(select, 1)  # a literal 1 (broadcast over q), even in a compiled forward
+    torch._dynamo.mark_static(
+        select, 1
+    )  # a literal 1 (broadcast over q), even in a compiled forward
     return select

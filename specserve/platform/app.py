@@ -65,6 +65,7 @@ class ModelServer:
         from specserve.adapters.variants import PoolBook
         from specserve.engine.models import default_cache_dir, load_model
         from specserve.engine.tuning import cached_choices
+        from specserve.platform.batch_compile import BatchCompile
         from specserve.platform.pool_sync import PoolSync
         from specserve.platform.service import ModelService
         from specserve.policies.settings import PolicySettings
@@ -115,6 +116,8 @@ class ModelServer:
             curve=curve,
             batch=settings.batch,
         ).start()
+        # the batched forward compiles in the background (minutes on a CPU); eager until warm
+        self.compile = BatchCompile().start(self.service, settings.compile, model_id, cache_dir)
         self.model_id = model_id
         self.replica = serve.get_replica_context().replica_id.unique_id
         self._warm: set = set()
@@ -147,7 +150,8 @@ class ModelServer:
     def stats(self) -> dict:
         health = self.sync.health()
         stats = self.service.stats() | {"pool_sync_ok": health.get("status") == "ok"}
-        return stats | self.dtype | {"variant_cache_size": self.capacity}
+        compile_state = {f"compile_{k}": v for k, v in self.compile.state.model_dump().items()}
+        return stats | self.dtype | compile_state | {"variant_cache_size": self.capacity}
 
     def __del__(self) -> None:
         sync = getattr(self, "sync", None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -87,6 +88,12 @@ class PlatformSettings(BaseModel):
         ge=1,
         description="decode rows per step `dtype: auto` prices a replica's requests at (its "
         "typical batch under load; 1 prices a request alone, as the commands do)",
+    )
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="torch.compile each replica's batched forward, warmed in the background while "
+        "it serves eager (auto: when a measurement cached here by an earlier `on` shows it >= "
+        "1.05x cheaper, and in float32 only if bit-exact)",
     )
     batch: BatchSettings = Field(BatchSettings(), description="each replica's engine loop limits")
     torch_threads: int | None = Field(
