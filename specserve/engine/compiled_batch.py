@@ -7,6 +7,7 @@ measures eager vs compiled steps; until then, and for calls it cannot take, the 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
@@ -20,6 +21,7 @@ from specserve.engine.compiled import CompileUnsupported, sync_device
 from specserve.engine.lora import is_peft_model
 from specserve.engine.lora_store import store_dtype, store_of
 
+log = logging.getLogger("specserve.compile")
 CONTEXT = 200  # cache length the warm-up measures at (as the cost curve does)
 _ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> CompiledBatch
 
@@ -165,7 +167,14 @@ class CompiledBatch:
                 for rows in (1, 3):
                     kv = scratch_batch(self.model, rows)
                     for q in (1, 5):
+                        began = time.perf_counter()
                         _step(self.model, kv, rows, q, compiled=True)
+                        log.info(
+                            "compiled batched forward: graph %d x %d in %.0f s",
+                            rows,
+                            q,
+                            time.perf_counter() - began,
+                        )
             start_s = time.perf_counter() - start
             eager, compiled, diff = self._compare()
         finally:

@@ -62,6 +62,7 @@ class SlotGroup:
     def drop_module(self, module: torch.nn.Module) -> None:
         self.buffers.pop(module, None)
 
+    @torch.inference_mode()  # the buffers are inference tensors (`_fixed_features`)
     def _write(self, slot: int, blocks: Blocks) -> None:
         r, lo = self.rank, slot * self.rank
         for module, (a_buf, b_buf) in self.buffers.items():
@@ -74,6 +75,7 @@ class SlotGroup:
                 b_buf[:, lo : lo + a.shape[0]].copy_(b)
         self.writes += 1
 
+    @torch.inference_mode()
     def _grow(self, need: int) -> None:
         """At least `need` slots (doubling), keeping every slot's contents."""
         slots = self.slots
@@ -89,7 +91,13 @@ class SlotGroup:
 
 
 def _fixed_features(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Marks a module's in and out sizes static (only S r varies) for a compiled forward."""
+    """The buffers as a compiled forward needs them: inference tensors whichever thread or mode
+    made them (the graph guards their dispatch keys; a buffer grown inside a forward would
+    otherwise differ from one made outside), with the module's in and out sizes static (only
+    S r varies)."""
+    if not a.is_inference():
+        with torch.inference_mode():
+            a, b = a.clone(), b.clone()
     torch._dynamo.mark_static(a, 1)
     torch._dynamo.mark_static(b, 0)
     return a, b

@@ -13,12 +13,14 @@ from schedules import ADAPTERS, alone, peft_tensors, requests, run, with_adapter
 
 from specserve.engine import compiled_batch, hf_internals
 from specserve.engine.batch_cache import BatchKV
+from specserve.engine.batch_forward import BatchRow, verify_batch_forward
 from specserve.engine.compiled import CompileUnsupported
 from specserve.engine.decode import Engine
 from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
 from specserve.engine.lora_store import attach_store
 from specserve.engine.scheduler import BatchSettings, Scheduler
 from specserve.engine.ties import check_outputs
+from specserve.engine.tree import Draft
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -153,3 +155,25 @@ def test_batched_schedules_through_the_compiled_forward_equal_each_request_alone
         assert 5 <= target.calls - calls < steps
     else:
         assert target.calls - calls == steps  # every decode step ran in the warmed graphs
+
+
+def test_slot_growth_stays_in_the_warmed_graphs(warm, tiny_llama):
+    """A batch of more adapters than the slots hold grows the slot buffers (4 -> 8 slots): the
+    graphs take the new size (stance `fail_on_recompile` raises otherwise), and each row's
+    logits equal the eager step's."""
+    engine, record = warm
+    model = engine.model
+    names = [f"g{i}" for i in range(7)]
+    source = with_adapters(tiny_llama(1, init_range=0.1), names, TARGETS, peft=True)
+    for name in names:
+        attach_store(model).add(name, peft_tensors(source, name))
+    outs = []
+    for compiled in (True, False):
+        kv = compiled_batch.scratch_batch(model, 9)
+        past = kv.lengths()
+        rows = [BatchRow(past[b], [3 + b], Draft(), names[b % 7]) for b in range(9)]
+        outs.append(verify_batch_forward(model, kv, rows, compiled=compiled))
+    for fast, eager in zip(*outs, strict=True):
+        assert (fast.tree_logits - eager.tree_logits).abs().max() <= 4 * record.max_abs_diff + 1e-6
+    for name in names:
+        attach_store(model).remove(name)
