@@ -129,16 +129,17 @@ class CompiledBatch:
 
     def __call__(self, kv, inputs, starts: list[int], q: int, **kwargs):
         """The model's output for `inputs` (a `BatchInputs` laid out after `kv.begin(q)`): entries
-        written at [starts[b], starts[b] + q), attention over the whole reserved width."""
+        written at [starts[b], starts[b] + q) of the reserved buffers, every row attending the
+        used width (no per-row extents: those are Python lists)."""
         self.calls += 0 if self._warming else 1  # warm-up steps are not counted
-        capacity = hf_internals.reserve(kv.cache, max(starts) + q)
+        end = max(starts) + q  # == kv.columns after `begin`
+        hf_internals.reserve(kv.cache, end)
         index = torch.tensor(starts)[:, None] + torch.arange(q)  # [b, q]
-        allowed = torch.nn.functional.pad(inputs.allowed, (0, capacity - kv.columns))  # False
         from specserve.engine.forward import additive_mask  # forward imports batch_forward
 
         device = self.model.device
-        mask = additive_mask(allowed, self.model.dtype, device)[:, None]  # [b, 1, q, capacity]
-        hf_internals.set_write_index(kv.cache, index.to(device))
+        mask = additive_mask(inputs.allowed, self.model.dtype, device)[:, None]  # [b, 1, q, end]
+        hf_internals.set_write_index(kv.cache, index.to(device), end)
         _static_dims(kv.cache)
         try:
             with _tracing_config():

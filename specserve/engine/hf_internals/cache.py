@@ -104,20 +104,22 @@ class GrowingLayer(DynamicLayer):
     lengths each append right after their own entries (a ragged batch in one tensor).
 
     With `write_index` set (`set_write_index`, for a compiled forward), row b writes at the columns
-    write_index[b] [q] of buffers already `reserve`d, and `keys` / `values` are the whole buffers:
-    tensors only, no Python ints, so the graph holds for any batch, width and length."""
+    write_index[b] [q] of buffers already `reserve`d, and `keys` / `values` are their first
+    `width.shape[1]` columns: sizes carried by tensors, no Python ints, so the graph holds for any
+    batch, width and length."""
 
     def __init__(self) -> None:
         self._k = self._v = None  # [b, h, capacity, d]
         self._used = 0
         self.write_at: list[int] | None = None  # per batch row; None: everyone at `_used`
         self.write_index: torch.Tensor | None = None  # [b, q] columns (compiled forwards)
+        self.width: torch.Tensor | None = None  # [0, used]: the used width, as a tensor size
         super().__init__()
 
     @property
     def keys(self):
         if self.write_index is not None:
-            return self._k  # the whole reserved buffer; the mask covers it
+            return self._k[:, :, : self.width.shape[1]]  # a size the graph keeps symbolic
         return None if self._k is None else self._k[:, :, : self._used]
 
     @keys.setter
@@ -128,7 +130,7 @@ class GrowingLayer(DynamicLayer):
     @property
     def values(self):
         if self.write_index is not None:
-            return self._v
+            return self._v[:, :, : self.width.shape[1]]
         return None if self._v is None else self._v[:, :, : self._used]
 
     @values.setter
@@ -170,7 +172,7 @@ class GrowingLayer(DynamicLayer):
         rows = torch.arange(key_states.shape[0], device=key_states.device)[:, None]  # [b, 1]
         self._k[rows, :, self.write_index] = key_states.transpose(1, 2)  # [b, q, h, d]
         self._v[rows, :, self.write_index] = value_states.transpose(1, 2)
-        return self._k, self._v
+        return self.keys, self.values
 
     def reserve(self, end: int) -> int:
         """Room for `end` columns (growing as `update` does), which the next forward's rows use;
@@ -216,11 +218,12 @@ def reserve(cache: DynamicCache, end: int) -> int:
     return capacities.pop()
 
 
-def set_write_index(cache: DynamicCache, index: torch.Tensor | None) -> None:
+def set_write_index(cache: DynamicCache, index: torch.Tensor | None, used: int = 0) -> None:
     """The next forwards write batch row b's entries at columns index[b] [q] of the reserved
-    buffers, which every layer then returns whole (None: back to `write_at` / the used part)."""
+    buffers and attend their first `used` columns (None: back to `write_at` / the used part)."""
+    width = None if index is None else torch.empty(0, used, device=index.device)
     for layer in cache.layers:
-        layer.write_index = index
+        layer.write_index, layer.width = index, width
 
 
 def _indices(cache: DynamicCache, layers: Sequence[int] | None) -> Sequence[int]:
