@@ -140,7 +140,7 @@ class CompiledForward:
         # floats (norm eps, attention scale) as constants: tracing them as tensors made dynamo
         # restart its analysis, tracing each graph twice (measured); the graphs hold after
         with (
-            torch._dynamo.config.patch(specialize_float=True),
+            torch._dynamo.config.patch(specialize_float=True, recompile_limit=32),
             torch.compiler.set_stance("default"),
         ):
             for features in hidden:

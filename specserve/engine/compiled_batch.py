@@ -23,6 +23,7 @@ from specserve.engine.lora_store import store_dtype, store_of
 
 log = logging.getLogger("specserve.compile")
 CONTEXT = 200  # cache length the warm-up measures at (as the cost curve does)
+RECOMPILE_LIMIT = 32  # graphs per code object: verify (up to 4) + batched (4), per model class
 _ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> CompiledBatch
 
 
@@ -219,12 +220,16 @@ class CompiledBatch:
 def _tracing_config():
     """Dynamo settings a batched graph needs: tensors reached through modules (the LoRA slot
     buffers, the selector) keep dynamic sizes, and floats (norm eps, attention scale) are
-    constants (see `CompiledForward.warm`). Equal sizes stay unified (duck shapes): without it
+    constants (see `CompiledForward.warm`). One code object (the model class's `forward`) holds
+    the verify graphs and these four, more than dynamo's default limit of 8 lets a process
+    keep. Equal sizes stay unified (duck shapes): without it
     every slot buffer's size is its own symbol and inductor spent over 12 minutes fusing
     SmolLM2's graph (measured); the warm-up's sizes avoid coincidences instead, and the sizes
     that never change are marked static (`_static_dims`)."""
     return torch._dynamo.config.patch(
-        force_nn_module_property_static_shapes=False, specialize_float=True
+        force_nn_module_property_static_shapes=False,
+        specialize_float=True,
+        recompile_limit=RECOMPILE_LIMIT,
     )
 
 

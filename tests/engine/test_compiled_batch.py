@@ -25,6 +25,9 @@ from specserve.engine.tree import Draft
 pytestmark = pytest.mark.timeout(600)
 
 TARGETS = ("q_proj", "v_proj", "down_proj")
+# a width no other test compiles: dynamo keeps graphs per code object (the model class's forward)
+# and reuses them across instances of one shape, which would leave this warm-up nothing to do
+HIDDEN = 48
 
 
 def test_runner_is_eager_until_warm_for_features_and_unattached(tiny_llama):
@@ -97,11 +100,13 @@ def test_indexed_writes_land_where_the_list_writes_do(tiny_llama):
 @pytest.fixture(scope="module")
 def warm(tiny_llama, tokenizer, random_drafter):
     """A tiny Llama whose store is empty at warm-up; the adapters arrive afterwards."""
-    base = copy.deepcopy(tiny_llama(1, init_range=0.1))
+    base = copy.deepcopy(tiny_llama(1, init_range=0.1, hidden=HIDDEN))
     attach_store(base)
     settings = compiled_batch.BatchCompileSettings(lora_modules=TARGETS, rows=(1, 4))
     record = compiled_batch.attach_batch(base, settings).warm("tiny")
-    source = with_adapters(tiny_llama(1, init_range=0.1), ADAPTERS, TARGETS, peft=True)
+    source = with_adapters(
+        tiny_llama(1, init_range=0.1, hidden=HIDDEN), ADAPTERS, TARGETS, peft=True
+    )
     for name in ADAPTERS:
         attach_store(base).add(name, peft_tensors(source, name))
     drafters = {
@@ -164,7 +169,7 @@ def test_slot_growth_stays_in_the_warmed_graphs(warm, tiny_llama):
     engine, record = warm
     model = engine.model
     names = [f"g{i}" for i in range(7)]
-    source = with_adapters(tiny_llama(1, init_range=0.1), names, TARGETS, peft=True)
+    source = with_adapters(tiny_llama(1, init_range=0.1, hidden=HIDDEN), names, TARGETS, peft=True)
     for name in names:
         attach_store(model).add(name, peft_tensors(source, name))
     outs = []
