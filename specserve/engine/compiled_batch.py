@@ -17,7 +17,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.engine import hf_internals
-from specserve.engine.compiled import CompileUnsupported, sync_device
+from specserve.engine.compiled import CompileUnsupported, measured_on, medians_ms, sync_device
 from specserve.engine.lora import is_peft_model
 from specserve.engine.lora_store import store_dtype, store_of
 
@@ -183,10 +183,7 @@ class CompiledBatch:
             self._warming = None
         self.record = BatchCompileRecord(
             model_id=model_id,
-            device=str(self.model.device),
-            dtype=str(self.model.dtype),
-            threads=torch.get_num_threads(),
-            torch=torch.__version__,
+            **measured_on(self.model),
             eager_ms=eager,
             compiled_ms=compiled,
             start_s=round(start_s, 1),
@@ -210,10 +207,7 @@ class CompiledBatch:
                     sync_device(self.model.device)
                     times[label].setdefault(rows, []).append(time.perf_counter() - begin)
                 diff = max(diff, (outs[0] - outs[1]).abs().max().item())
-        median = {
-            label: {k: round(sorted(t)[len(t) // 2] * 1000, 2) for k, t in per.items()}
-            for label, per in times.items()
-        }
+        median = medians_ms(times)
         return median["eager"], median["compiled"], diff
 
 
