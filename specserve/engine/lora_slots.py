@@ -55,8 +55,9 @@ class SlotGroup:
     def add_module(self, module: torch.nn.Module, like: torch.Tensor) -> None:
         """Zero buffers for a module newly touched by some adapter (no slot holds it yet)."""
         s, r = self.slots, self.rank
-        a = torch.zeros(s * r, module.in_features, dtype=like.dtype, device=like.device)
-        b = torch.zeros(module.out_features, s * r, dtype=like.dtype, device=like.device)
+        with torch.inference_mode():  # as `_grow` makes them (a compiled forward guards this)
+            a = torch.zeros(s * r, module.in_features, dtype=like.dtype, device=like.device)
+            b = torch.zeros(module.out_features, s * r, dtype=like.dtype, device=like.device)
         self.buffers[module] = _fixed_features(a, b)
 
     def drop_module(self, module: torch.nn.Module) -> None:
@@ -91,13 +92,9 @@ class SlotGroup:
 
 
 def _fixed_features(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The buffers as a compiled forward needs them: inference tensors whichever thread or mode
-    made them (the graph guards their dispatch keys; a buffer grown inside a forward would
-    otherwise differ from one made outside), with the module's in and out sizes static (only
-    S r varies)."""
-    if not a.is_inference():
-        with torch.inference_mode():
-            a, b = a.clone(), b.clone()
+    """Marks a module's in and out sizes static (only S r varies) for a compiled forward. Every
+    buffer is an inference tensor (made or grown in inference mode): the graph guards dispatch
+    keys, and a buffer grown inside a forward differed from one made outside (measured)."""
     torch._dynamo.mark_static(a, 1)
     torch._dynamo.mark_static(b, 0)
     return a, b

@@ -174,13 +174,12 @@ class GrowingLayer(DynamicLayer):
         self._v[rows, :, self.write_index] = value_states.transpose(1, 2)
         return self.keys, self.values
 
-    def reserve(self, end: int) -> int:
-        """Room for `end` columns (growing as `update` does), which the next forward's rows use;
-        returns the capacity. Only for a layer that holds entries."""
+    def reserve(self, end: int) -> None:
+        """Room for `end` columns (growing as `update` does), which the next forward's rows use.
+        Only for a layer that holds entries."""
         if end > self._k.shape[2]:
             self._grow(self._k, self._v, end)
         self._used = end
-        return self._k.shape[2]
 
     def _grow(self, key_states, value_states, end: int) -> None:
         """Reallocate with room for half as much again (and 64 more) and copy the used part."""
@@ -209,13 +208,11 @@ def set_write_columns(
         cache.layers[i].write_at = columns
 
 
-def reserve(cache: DynamicCache, end: int) -> int:
-    """Every layer has room for `end` columns, which the next forward uses; the capacity (the
-    same in every layer). For a batch cache whose rows are in (`append_row`)."""
-    capacities = {layer.reserve(end) for layer in cache.layers}
-    if len(capacities) != 1:
-        raise RuntimeError(f"batch cache layers disagree on capacity: {sorted(capacities)}")
-    return capacities.pop()
+def reserve(cache: DynamicCache, end: int) -> None:
+    """Every layer has room for `end` columns, which the next forward uses. For a batch cache
+    whose rows are in (`append_row`)."""
+    for layer in cache.layers:
+        layer.reserve(end)
 
 
 def set_write_index(cache: DynamicCache, index: torch.Tensor | None, used: int = 0) -> None:
