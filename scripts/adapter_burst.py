@@ -28,8 +28,8 @@ from specserve.adapters.resident import ResidentAdapters, base_model_names
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.variants import PoolBook
 from specserve.engine.batch_settings import BatchSettings
-from specserve.engine.models import default_cache_dir, load_model
 from specserve.engine.sampling import SamplingParams
+from specserve.models.load import default_cache_dir, load_model
 from specserve.platform.service import GenerateRequest, ModelService, Target
 from specserve.policies.settings import PolicySettings
 

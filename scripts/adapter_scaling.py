@@ -20,8 +20,8 @@ import torch
 from specserve.adapters.resident import ResidentAdapters, base_model_names
 from specserve.adapters.settings import AdapterLimits
 from specserve.engine.decode import Engine
-from specserve.engine.models import load_model
 from specserve.engine.sampling import SamplingParams
+from specserve.models.load import load_model
 
 
 def main() -> None:

@@ -26,12 +26,12 @@ from specserve.adapters.settings import AdapterLimits
 from specserve.engine import compiled_batch
 from specserve.engine.decode import Engine
 from specserve.engine.dtype_choice import Workload
-from specserve.engine.models import default_cache_dir, load_model
 from specserve.engine.prompts import encode_messages
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.scheduler import BatchSettings, Scheduler
-from specserve.loadtest import interleave_tasks
+from specserve.models.load import default_cache_dir, load_model
 from specserve.platform.settings import PlatformSettings
+from specserve.tools.loadtest import interleave_tasks
 
 
 def main() -> None:

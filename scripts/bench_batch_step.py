@@ -18,11 +18,11 @@ from specserve.adapters.resident import ResidentAdapters, base_model_names
 from specserve.adapters.settings import AdapterLimits
 from specserve.engine import hf_internals
 from specserve.engine.decode import Engine
-from specserve.engine.models import default_cache_dir, load_model
 from specserve.engine.prompts import encode_messages
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.scheduler import BatchSettings, Scheduler
-from specserve.loadtest import interleave_tasks
+from specserve.models.load import default_cache_dir, load_model
+from specserve.tools.loadtest import interleave_tasks
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ def main() -> None:
     from torch._dynamo.utils import compile_times
 
     from specserve.engine import compiled
-    from specserve.engine.models import load_model
+    from specserve.models.load import load_model
 
     loaded = load_model(args.model, dtype=args.dtype)
     settings = compiled.CompileSettings(features=args.features)

@@ -16,7 +16,7 @@ from specserve.engine.drafters.artifact import build_module
 from specserve.engine.drafters.modules import EagleSpec
 from specserve.engine.drafters.trees import expected_tau
 from specserve.engine.drafters.vocab import head_rows
-from specserve.engine.models import default_cache_dir, load_model
+from specserve.models.load import default_cache_dir, load_model
 from specserve.training import examples, trainers
 from specserve.training.data import DistillData, frequent_vocab, teacher_features, token_counts
 from specserve.training.run import _eagle_batches

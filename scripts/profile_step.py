@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from specserve.bench import run_hf
 from specserve.engine.decode import Engine
-from specserve.engine.models import load_model
 from specserve.engine.prompts import encode_prompt
 from specserve.engine.sampling import SamplingParams
+from specserve.models.load import load_model
+from specserve.tools.bench import run_hf
 
 PARTS = {  # label -> (file suffix, function name) whose cumulative time is reported
     "verify_forward": ("engine/forward.py", "verify_forward"),

@@ -46,8 +46,8 @@ def _timed(fn: Callable[[], object], calls: int) -> list[float]:
 
 @contextlib.contextmanager
 def _store(kind: str):
-    from specserve.platform.embedded import EmbeddedRedis
-    from specserve.platform.store import MemoryStore, RedisStore
+    from specserve.platform.state.embedded import EmbeddedRedis
+    from specserve.platform.state.store import MemoryStore, RedisStore
 
     if kind == "memory":
         yield MemoryStore(), "in-process MemoryStore"
@@ -67,7 +67,7 @@ def _http(app):
     """The app on a loopback port (uvicorn in a thread) for the CLI's real HTTP client."""
     import uvicorn
 
-    from specserve.platform.embedded import free_port
+    from specserve.platform.state.embedded import free_port
 
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning")
@@ -88,12 +88,12 @@ def run(kind: str, variants: int, calls: int, seed: int, freeze: bool) -> list[t
 
     from specserve.adapters.settings import AdapterLimits
     from specserve.cli import main as cli_main
-    from specserve.platform.admin import Admin, admin_router
+    from specserve.platform.api.admin import Admin, admin_router
+    from specserve.platform.api.gateway import Gateway, create_app
+    from specserve.platform.api.metrics import Metrics
     from specserve.platform.backend import LocalBackend
-    from specserve.platform.gateway import Gateway, create_app
-    from specserve.platform.metrics import Metrics
-    from specserve.platform.registry import Registry, VariantSpec
     from specserve.platform.settings import PlatformSettings
+    from specserve.platform.state.registry import Registry, VariantSpec
     from specserve.policies.settings import PolicySettings
 
     rng = random.Random(seed)

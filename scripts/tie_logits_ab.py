@@ -10,8 +10,8 @@ import argparse
 
 from specserve.engine.cost import measure_cost_curve
 from specserve.engine.head import use_float32_head
-from specserve.engine.models import load_model
 from specserve.engine.ties import measure_tolerance, tolerance_sequences
+from specserve.models.load import load_model
 
 
 def main() -> None:

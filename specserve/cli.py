@@ -66,7 +66,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args):
-    from specserve.engine.models import load_model
+    from specserve.models.load import load_model
 
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
     if loaded.dtype_choice is not None:
@@ -118,13 +118,13 @@ def _compile(args, loaded, features: bool = False):
 
 
 def _cache_dir(args) -> Path:
-    from specserve.engine.models import default_cache_dir
+    from specserve.models.load import default_cache_dir
 
     return args.cache_dir or default_cache_dir()
 
 
 def cmd_models(args) -> int:
-    from specserve.engine.models import load_catalog, pull_model
+    from specserve.models.load import load_catalog, pull_model
 
     if args.action == "list":
         for name, entry in load_catalog().items():
@@ -280,7 +280,7 @@ def load_drafters(drafter_dir: Path, loaded, adapter_sha: str | None, kinds: lis
 def cmd_train_drafter(args) -> int:
     from tqdm import tqdm
 
-    from specserve.engine.models import default_cache_dir
+    from specserve.models.load import default_cache_dir
     from specserve.training.run import DrafterTrainSettings, train_drafter
 
     settings = DrafterTrainSettings(kind=args.kind, budget_minutes=args.budget_minutes)
@@ -318,8 +318,8 @@ def cmd_tune(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from specserve import bench
     from specserve.engine.proposers import REGISTRY
+    from specserve.tools import bench
 
     names = [s for s in args.strategies.split(",") if s]
     baselines = [b for b in args.baselines.split(",") if b]
@@ -463,13 +463,13 @@ def _file_sha256(path: Path) -> str:
 
 
 def cmd_up(args) -> int:
-    from specserve.platform.up import up
+    from specserve.platform.rayserve.up import up
 
     return up(args.config, args.host, args.port, _cache_dir(args), args.num_cpus, log=_log)
 
 
 def cmd_variants(args) -> int:
-    from specserve.platform.client import AdminClient
+    from specserve.platform.api.client import AdminClient
 
     client = AdminClient.from_env(args.url, args.token, _cache_dir(args))
     if args.action == "register":
@@ -501,8 +501,8 @@ def cmd_variants(args) -> int:
 def cmd_loadtest(args) -> int:
     import torch
 
-    from specserve import loadtest
-    from specserve.platform.client import AdminClient
+    from specserve.platform.api.client import AdminClient
+    from specserve.tools import loadtest
 
     levels = [int(c) for c in args.concurrency.split(",") if c]
     modes = [m for m in args.modes.split(",") if m]

@@ -423,10 +423,10 @@ def test_variants_list_pages_through_the_admin_api(capsys, monkeypatch, tmp_path
     from fastapi.testclient import TestClient
 
     from specserve.adapters.settings import AdapterLimits
-    from specserve.platform.admin import Admin, admin_router
-    from specserve.platform.client import AdminClient
-    from specserve.platform.registry import Registry, VariantSpec
-    from specserve.platform.store import MemoryStore
+    from specserve.platform.api.admin import Admin, admin_router
+    from specserve.platform.api.client import AdminClient
+    from specserve.platform.state.registry import Registry, VariantSpec
+    from specserve.platform.state.store import MemoryStore
     from specserve.policies.settings import PolicySettings
 
     registry = Registry(MemoryStore())

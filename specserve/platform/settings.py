@@ -154,6 +154,6 @@ class PlatformSettings(BaseModel):
     def resolved_adapter_root(self) -> Path:
         if self.adapter_root is not None:
             return self.adapter_root
-        from specserve.engine.models import default_cache_dir
+        from specserve.models.load import default_cache_dir
 
         return (self.cache_dir or default_cache_dir()) / "adapters"

@@ -15,7 +15,7 @@ import pytest
 import transformers
 import yaml
 
-from specserve.platform.embedded import EmbeddedRedis, free_port
+from specserve.platform.state.embedded import EmbeddedRedis, free_port
 
 pytestmark = pytest.mark.timeout(600)
 TOKEN = "mux-admin"
@@ -28,7 +28,7 @@ def two_replicas(tmp_path_factory, save_tiny_model_dir):
     import ray
     from ray import serve
 
-    from specserve.platform.app import build_app
+    from specserve.platform.rayserve.deployments import build_app
 
     tmp = tmp_path_factory.mktemp("mux")
     model_dir = save_tiny_model_dir(tmp / "model")

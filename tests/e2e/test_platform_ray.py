@@ -19,7 +19,7 @@ import yaml
 from specserve.engine.decode import Engine
 from specserve.engine.prompts import encode_messages
 from specserve.engine.sampling import SamplingParams
-from specserve.platform.embedded import EmbeddedRedis, free_port
+from specserve.platform.state.embedded import EmbeddedRedis, free_port
 
 pytestmark = pytest.mark.timeout(600)
 TOKEN = "e2e-admin"
@@ -33,7 +33,7 @@ def stack(tmp_path_factory, save_tiny_model_dir):
     import ray
     from ray import serve
 
-    from specserve.platform.app import build_app
+    from specserve.platform.rayserve.deployments import build_app
 
     tmp = tmp_path_factory.mktemp("platform")
     model_dir = save_tiny_model_dir(tmp / "model")

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from specserve.engine.decode import Engine
-from specserve.engine.models import load_model
 from specserve.engine.prompts import encode_chat
 from specserve.engine.sampling import SamplingParams
+from specserve.models.load import load_model
 
 pytestmark = pytest.mark.slow
 BENCH = Path(__file__).resolve().parents[3] / "shared" / "bench" / "specbench_dev.jsonl"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specserve.engine import dtype_choice
-from specserve.engine.models import load_model
+from specserve.models.load import load_model
 
 
 def _cost(ms1: float, prefill: float, ms16: float | None = None) -> dtype_choice.DtypeCost:

@@ -140,7 +140,7 @@ def test_windowed_cache_stays_bounded(family, tokenizer):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_family_loads_from_a_hugging_face_directory(family, tmp_path, tiny_hf_tokenizer):
-    from specserve.engine.models import load_model
+    from specserve.models.load import load_model
 
     make_tiny_family(family).save_pretrained(tmp_path)
     tiny_hf_tokenizer.save_pretrained(tmp_path)
@@ -160,7 +160,7 @@ def _bloom():
 
 
 def test_an_unsupported_architecture_is_refused_with_the_supported_list(tmp_path, tokenizer):
-    from specserve.engine.models import ModelLoadError, load_model
+    from specserve.models.load import ModelLoadError, load_model
 
     with pytest.raises(families.UnsupportedModel, match="'bloom' is not supported.*gemma2"):
         Engine(_bloom(), tokenizer, frozenset())

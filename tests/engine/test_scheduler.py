@@ -17,7 +17,7 @@ from specserve.engine.decode import Engine
 from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.scheduler import BatchSettings, QueueFull, Scheduler
-from specserve.platform.metrics import LOOP_TOTALS
+from specserve.platform.api.metrics import LOOP_TOTALS
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from specserve.platform import k8s_validate
+from specserve.deploy import k8s_validate
 
 
 @pytest.fixture(scope="session")

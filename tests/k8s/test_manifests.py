@@ -9,8 +9,8 @@ import os
 import pytest
 import yaml
 
-from specserve.platform import k8s_render, k8s_validate
-from specserve.platform.k8s_validate import ray_containers, the
+from specserve.deploy import k8s_render, k8s_validate
+from specserve.deploy.k8s_validate import ray_containers, the
 
 ROOT = k8s_validate.ROOT
 

@@ -8,13 +8,13 @@ import shutil
 import pytest
 import yaml
 
-from specserve.platform import k8s_render
+from specserve.deploy import k8s_render
 
 ROOT = k8s_render.ROOT
 
 
 def test_generated_files_are_up_to_date():
-    assert k8s_render.stale(ROOT) == [], "run: python -m specserve.platform.k8s_render"
+    assert k8s_render.stale(ROOT) == [], "run: python -m specserve.deploy.k8s_render"
     assert k8s_render.main(["--check"]) == 0
 
 

@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from specserve.platform import k8s_validate
+from specserve.deploy import k8s_validate
 
 BLOBS = {  # git blob ids of kuberay commit feeaf72f (k8s/schemas/kuberay/README.md)
     "ray.io_rayservices.yaml": "7ee63d6ddd11237a5649e04b3a8db3c52074c867",

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from ray.serve.config import AutoscalingConfig
 from ray.serve.schema import ServeDeploySchema
 
-from specserve.platform import k8s_render, k8s_validate
+from specserve.deploy import k8s_render, k8s_validate
 
 ROOT = k8s_render.ROOT
 CONFIGS = {"configs/serve.yaml": k8s_render.load_yaml(ROOT / "configs" / "serve.yaml")}
@@ -81,7 +81,7 @@ def test_platform_contract():
     assert config["http_options"]["host"] == "0.0.0.0" and config["http_options"]["port"] == 8000
     (app,) = config["applications"]
     assert app["route_prefix"] == "/"
-    assert app["import_path"] == "specserve.platform.app:build_app"
+    assert app["import_path"] == "specserve.platform.rayserve.deployments:build_app"
     args = app["args"]
     catalog = k8s_render.load_yaml(ROOT / "configs" / "models.yaml")["models"]
     assert args["models"] and set(args["models"]) <= set(catalog)

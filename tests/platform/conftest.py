@@ -7,8 +7,8 @@ import pickle
 
 import pytest
 
-from specserve.platform.embedded import EmbeddedRedis
-from specserve.platform.store import CallStore, MemoryStore, RedisStore
+from specserve.platform.state.embedded import EmbeddedRedis
+from specserve.platform.state.store import CallStore, MemoryStore, RedisStore
 
 
 @pytest.fixture

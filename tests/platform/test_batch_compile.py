@@ -15,8 +15,8 @@ from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.variants import PoolBook
 from specserve.engine import compile_choice, compiled_batch
 from specserve.engine.decode import Engine
-from specserve.engine.models import LoadedModel
 from specserve.engine.sampling import SamplingParams
+from specserve.models.load import LoadedModel
 from specserve.platform.batch_compile import BatchCompile
 from specserve.platform.service import GenerateRequest, ModelService, Target
 from specserve.policies.settings import PolicySettings

@@ -13,8 +13,8 @@ from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.variants import PoolBook
 from specserve.engine.batch_settings import BatchSettings
 from specserve.engine.decode import Engine
-from specserve.engine.models import LoadedModel
 from specserve.engine.sampling import SamplingParams
+from specserve.models.load import LoadedModel
 from specserve.platform.service import GenerateRequest, ModelService, Overloaded, Target
 from specserve.policies.settings import PolicySettings
 
@@ -412,7 +412,7 @@ def test_release_variant_evicts_an_idle_adapter_and_keeps_a_held_one(
 def test_serves_unload_then_the_objects_finalizer_release_once(service, make_adapter, tiny_llama):
     """Serve calls `_Held.__del__` when it drops a variant; Python calls it again when the object
     is freed, maybe after the variant came back: only the first call evicts."""
-    from specserve.platform.app import _Held
+    from specserve.platform.rayserve.deployments import _Held
 
     path = make_adapter("back", tiny_llama(1, init_range=0.1), seed=2)
     service.adapters.ensure("back@1", path)

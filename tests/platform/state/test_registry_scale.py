@@ -11,13 +11,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from specserve.adapters.settings import AdapterLimits
-from specserve.platform.admin import Admin, admin_router
+from specserve.platform.api.admin import Admin, admin_router
+from specserve.platform.api.gateway import Gateway, create_app
+from specserve.platform.api.metrics import Metrics
 from specserve.platform.backend import LocalBackend
-from specserve.platform.gateway import Gateway, create_app
-from specserve.platform.metrics import Metrics
-from specserve.platform.registry import Registry, VariantSpec
 from specserve.platform.settings import PlatformSettings, TenantKeys
-from specserve.platform.store import CallStore, MemoryStore, RedisStore
+from specserve.platform.state.registry import Registry, VariantSpec
+from specserve.platform.state.store import CallStore, MemoryStore, RedisStore
 from specserve.policies.settings import PolicySettings
 
 BASE = "base-m"

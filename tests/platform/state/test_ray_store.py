@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from specserve.platform.embedded import ray_memory_store
-from specserve.platform.registry import Registry, VariantSpec
-from specserve.platform.store import StoreUnavailable
+from specserve.platform.state.embedded import ray_memory_store
+from specserve.platform.state.registry import Registry, VariantSpec
+from specserve.platform.state.store import StoreUnavailable
 
 ray = pytest.importorskip("ray")
 

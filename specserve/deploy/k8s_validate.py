@@ -1,6 +1,6 @@
 """Render k8s/ overlays and check them: schemas (KubeRay CRDs, Kubernetes core) and exposure rules.
 
-Every check returns a list of problem strings (empty: fine). `python -m specserve.platform.k8s_validate
+Every check returns a list of problem strings (empty: fine). `python -m specserve.deploy.k8s_validate
 [OVERLAY ...]` renders with `kubectl kustomize` and prints the problems; exit 1 if there are any.
 """
 

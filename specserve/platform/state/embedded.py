@@ -26,7 +26,7 @@ from pathlib import Path
 import redis
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from specserve.platform.store import CallStore, MemoryStore, RedisStore, Store, mask_url
+from specserve.platform.state.store import CallStore, MemoryStore, RedisStore, Store, mask_url
 
 log = logging.getLogger(__name__)
 

@@ -19,18 +19,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specserve.engine.sampling import SamplingParams
-from specserve.platform.backend import Backend, Overloaded
-from specserve.platform.metrics import Metrics
-from specserve.platform.openai_api import (
+from specserve.platform.api.metrics import Metrics
+from specserve.platform.api.openai_api import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
     validation_error,
 )
-from specserve.platform.registry import Registry, UnknownVariant, VariantInfo
+from specserve.platform.backend import Backend, Overloaded
 from specserve.platform.service import GenerateRequest, Target
 from specserve.platform.settings import PlatformSettings
-from specserve.platform.store import StoreError
+from specserve.platform.state.registry import Registry, UnknownVariant, VariantInfo
+from specserve.platform.state.store import StoreError
 
 log = logging.getLogger(__name__)
 

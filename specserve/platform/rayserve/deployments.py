@@ -42,7 +42,7 @@ def build_app(args: dict, deployments: list[dict] | None = None) -> serve.Applic
 def platform_stores(settings: PlatformSettings):
     """(registry store, pool store): the Redis of REDIS_URL / SPECSERVE_POOL_REDIS_URL, else one
     in-cluster MemoryStore in a named Ray actor shared by every replica."""
-    from specserve.platform.embedded import StoreSettings, ray_memory_store, resolve_store
+    from specserve.platform.state.embedded import StoreSettings, ray_memory_store, resolve_store
 
     if settings.redis_url:
         stores = resolve_store(
@@ -63,11 +63,11 @@ class ModelServer:
         from specserve.adapters.resident import ResidentAdapters, base_model_names
         from specserve.adapters.settings import AdapterLimits
         from specserve.adapters.variants import PoolBook
-        from specserve.engine.models import default_cache_dir, load_model
         from specserve.engine.tuning import cached_choices
+        from specserve.models.load import default_cache_dir, load_model
         from specserve.platform.batch_compile import BatchCompile
-        from specserve.platform.pool_sync import PoolSync
         from specserve.platform.service import ModelService
+        from specserve.platform.state.pool_sync import PoolSync
         from specserve.policies.settings import PolicySettings
 
         settings = PlatformSettings.from_args(args)
@@ -225,11 +225,11 @@ class GatewayDeployment:
 
     def __init__(self, args: dict, servers: dict) -> None:
         from specserve.adapters.settings import AdapterLimits
-        from specserve.platform.admin import Admin, admin_router
-        from specserve.platform.gateway import Gateway, create_app
-        from specserve.platform.jobs import RayJobs
-        from specserve.platform.metrics import Metrics
-        from specserve.platform.registry import Registry
+        from specserve.platform.api.admin import Admin, admin_router
+        from specserve.platform.api.gateway import Gateway, create_app
+        from specserve.platform.api.metrics import Metrics
+        from specserve.platform.rayserve.jobs import RayJobs
+        from specserve.platform.state.registry import Registry
         from specserve.policies.settings import PolicySettings
 
         settings = PlatformSettings.from_args(args)
@@ -257,7 +257,7 @@ def _base_spec(model_id: str, settings: PlatformSettings):
 
     from specserve.adapters.resident import base_model_names
     from specserve.adapters.validate import BaseModelSpec
-    from specserve.engine.models import default_cache_dir, pull_model
+    from specserve.models.load import default_cache_dir, pull_model
 
     model_dir = settings.model_dirs.get(model_id) or pull_model(
         model_id, settings.cache_dir or default_cache_dir()

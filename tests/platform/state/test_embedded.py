@@ -16,9 +16,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from specserve.platform.embedded import EmbeddedRedis, StoreSettings, resolve_store
-from specserve.platform.registry import Registry, VariantSpec
-from specserve.platform.store import MemoryStore, RedisStore
+from specserve.platform.state.embedded import EmbeddedRedis, StoreSettings, resolve_store
+from specserve.platform.state.registry import Registry, VariantSpec
+from specserve.platform.state.store import MemoryStore, RedisStore
 
 
 def _refused(port: int) -> bool:
@@ -64,7 +64,7 @@ def test_without_redis_url_an_embedded_server_is_started_and_stopped():
 
 def test_without_the_binary_the_memory_store_is_used(caplog):
     settings = StoreSettings(redis_server_binary="/nonexistent/redis-server")
-    with caplog.at_level(logging.WARNING, logger="specserve.platform.embedded"):
+    with caplog.at_level(logging.WARNING, logger="specserve.platform.state.embedded"):
         stores = resolve_store(settings)
     assert stores.kind == "memory" and isinstance(stores.registry, MemoryStore)
     assert stores.pools is stores.registry and stores.embedded is None and stores.redis_url is None
@@ -106,7 +106,7 @@ def test_missing_binary_is_refused():
 
 
 _ORPHAN = """
-from specserve.platform.embedded import EmbeddedRedis
+from specserve.platform.state.embedded import EmbeddedRedis
 server = EmbeddedRedis().start()
 print(server.pid, server.port, flush=True)
 import time; time.sleep(60)

@@ -14,13 +14,13 @@ from specserve.adapters.fingerprint import adapter_sha256
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec
 from specserve.engine.drafters.artifact import read_manifest
-from specserve.platform.admin import Admin, admin_router
+from specserve.platform.api.admin import Admin, admin_router
+from specserve.platform.api.gateway import Gateway, create_app
+from specserve.platform.api.metrics import Metrics
 from specserve.platform.backend import LocalBackend
-from specserve.platform.gateway import Gateway, create_app
-from specserve.platform.jobs import ThreadJobs, drafter_dir
-from specserve.platform.metrics import Metrics
-from specserve.platform.registry import Registry
+from specserve.platform.rayserve.jobs import ThreadJobs, drafter_dir
 from specserve.platform.settings import PlatformSettings
+from specserve.platform.state.registry import Registry
 from specserve.policies.settings import PolicySettings
 
 ADMIN = {"Authorization": "Bearer t"}
@@ -97,7 +97,7 @@ def test_train_follow_and_artifact_keyed_to_the_version(
 
 
 def test_training_without_a_runner_is_503(tmp_path, tiny_llama, make_adapter, adapter_root):
-    from specserve.platform.store import MemoryStore
+    from specserve.platform.state.store import MemoryStore
 
     base = tiny_llama(0)
     registry = Registry(MemoryStore())
@@ -131,7 +131,7 @@ def test_policy_queues_training_once_for_a_stable_variant(
     a drafter starts exactly one training job for that version."""
     from specserve.adapters.resident import ResidentAdapters
     from specserve.adapters.variants import PoolBook
-    from specserve.engine.models import load_model
+    from specserve.models.load import load_model
     from specserve.platform.service import ModelService
 
     model_dir = save_tiny_model_dir(tmp_path / "model")

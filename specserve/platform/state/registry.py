@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specserve.adapters.variants import VariantKey
-from specserve.platform.store import Store, StoreError
+from specserve.platform.state.store import Store, StoreError
 
 DrafterKind = Literal["medusa", "eagle"]
 DrafterState = Literal["queued", "running", "succeeded", "failed", "cancelled"]

@@ -1,4 +1,4 @@
-from specserve.platform.metrics import Metrics
+from specserve.platform.api.metrics import Metrics
 
 
 def _done(variant, strategy="lookahead"):

@@ -1,6 +1,6 @@
 """Generate k8s/ files from configs/: the RayService serveConfigV2 patch and the policy copy.
 
-`python -m specserve.platform.k8s_render` rewrites them; `--check` exits 1 when a committed file
+`python -m specserve.deploy.k8s_render` rewrites them; `--check` exits 1 when a committed file
 differs from what configs/ gives. Overlay overrides may only resize deployments, never change the app.
 """
 
@@ -25,7 +25,7 @@ GENERATED = "generated"
 RESIZABLE = frozenset(
     {"autoscaling_config", "ray_actor_options", "max_ongoing_requests", "max_queued_requests"}
 )
-_COMMAND = "python -m specserve.platform.k8s_render"
+_COMMAND = "python -m specserve.deploy.k8s_render"
 
 
 def load_yaml(path: Path) -> dict:

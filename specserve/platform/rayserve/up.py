@@ -58,10 +58,10 @@ def up(
     import ray
     from ray import serve
 
-    from specserve.engine.models import pull_model
-    from specserve.platform.app import build_app
-    from specserve.platform.embedded import StoreSettings, resolve_store
+    from specserve.models.load import pull_model
+    from specserve.platform.rayserve.deployments import build_app
     from specserve.platform.settings import PlatformSettings
+    from specserve.platform.state.embedded import StoreSettings, resolve_store
 
     args, deployments, _ = load_serve_config(config)
     settings = PlatformSettings.from_args(args)

@@ -19,8 +19,8 @@ from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec, validate_adapter
 from specserve.adapters.variants import VariantKey
 from specserve.engine.proposers import REGISTRY
-from specserve.platform.openai_api import ApiError
-from specserve.platform.registry import (
+from specserve.platform.api.openai_api import ApiError
+from specserve.platform.state.registry import (
     MAX_PAGE,
     Acceptance,
     DrafterStatus,

@@ -13,15 +13,15 @@ import traceback
 from pathlib import Path
 
 from specserve.adapters.variants import VariantKey
-from specserve.platform.registry import DrafterStatus, Registry, VersionRecord
 from specserve.platform.settings import PlatformSettings
+from specserve.platform.state.registry import DrafterStatus, Registry, VersionRecord
 
 log = logging.getLogger(__name__)
 
 
 def drafter_dir(settings: PlatformSettings, key: VariantKey, kind: str) -> Path:
     """Where a variant@version's drafter of `kind` lives: <cache>/drafters/<name>@<version>/<kind>."""
-    from specserve.engine.models import default_cache_dir
+    from specserve.models.load import default_cache_dir
 
     return (settings.cache_dir or default_cache_dir()) / "drafters" / str(key) / kind
 
@@ -60,8 +60,8 @@ def run_drafter_job(
     `overrides`: DrafterTrainSettings fields (prompts, max_new_tokens, ...)."""
     from specserve.adapters.resident import ResidentAdapters, base_model_names
     from specserve.adapters.settings import AdapterLimits
-    from specserve.engine.models import load_model
-    from specserve.platform.app import platform_stores
+    from specserve.models.load import load_model
+    from specserve.platform.rayserve.deployments import platform_stores
     from specserve.training.run import DrafterTrainSettings, train_drafter
 
     version = VersionRecord.model_validate(record)

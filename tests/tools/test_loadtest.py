@@ -4,8 +4,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from specserve import loadtest
-from specserve.loadtest import Level, Sample, percentile, summarize
+from specserve.tools import loadtest
+from specserve.tools.loadtest import Level, Sample, percentile, summarize
 
 
 def test_percentile_nearest_rank_against_reference():

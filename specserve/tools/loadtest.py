@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from specserve.platform.metrics import LOOP_TOTALS
+from specserve.platform.api.metrics import LOOP_TOTALS
 
 MODES = {
     "ar": "ar",

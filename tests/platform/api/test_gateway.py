@@ -14,16 +14,16 @@ from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec
 from specserve.adapters.variants import PoolBook
 from specserve.engine.decode import Engine
-from specserve.engine.models import LoadedModel
 from specserve.engine.sampling import SamplingParams
-from specserve.platform.admin import Admin, admin_router
+from specserve.models.load import LoadedModel
+from specserve.platform.api.admin import Admin, admin_router
+from specserve.platform.api.gateway import Gateway, create_app
+from specserve.platform.api.metrics import Metrics
 from specserve.platform.backend import LocalBackend
-from specserve.platform.gateway import Gateway, create_app
-from specserve.platform.metrics import Metrics
-from specserve.platform.registry import Registry
 from specserve.platform.service import ModelService
 from specserve.platform.settings import PlatformSettings, TenantKeys
-from specserve.platform.store import MemoryStore
+from specserve.platform.state.registry import Registry
+from specserve.platform.state.store import MemoryStore
 from specserve.policies.settings import PolicySettings
 
 BASE = "tiny-llama"

@@ -1,4 +1,4 @@
-"""Tests for specserve.engine.models (catalog, pull, load). Fast ones use a tiny random Llama."""
+"""Tests for specserve.models.load (catalog, pull, load). Fast ones use a tiny random Llama."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specserve.engine.models import (
+from specserve.models.load import (
     CatalogEntry,
     LoadedModel,
     ModelLoadError,

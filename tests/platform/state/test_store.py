@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from specserve.platform.store import RedisStore, StoreError, StoreUnavailable, mask_url
+from specserve.platform.state.store import RedisStore, StoreError, StoreUnavailable, mask_url
 
 
 def test_documents_and_counters(store):

@@ -14,14 +14,14 @@ import pytest
 from pydantic import ValidationError
 
 from specserve.adapters.variants import VariantKey
-from specserve.platform.registry import (
+from specserve.platform.state.registry import (
     Acceptance,
     DrafterStatus,
     Registry,
     UnknownVariant,
     VariantSpec,
 )
-from specserve.platform.store import RedisStore, StoreUnavailable
+from specserve.platform.state.store import RedisStore, StoreUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 SHA = "ab" * 32
@@ -220,8 +220,8 @@ def test_fifty_concurrent_registrations_from_threads(registry):
 
 _WORKER = """
 import os, sys, threading
-from specserve.platform.registry import Registry, VariantSpec
-from specserve.platform.store import RedisStore, StoreUnavailable
+from specserve.platform.state.registry import Registry, VariantSpec
+from specserve.platform.state.store import RedisStore, StoreUnavailable
 store = RedisStore(os.environ["TEST_REDIS_URL"], socket_timeout_s=5)
 reg = Registry(store)
 spec = VariantSpec(name="shared", base_model="m", adapter_path="/a", adapter_sha256="cd" * 32)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.adapters.variants import PoolBook, VariantKey
 from specserve.engine.ngram_pool import Continuation, Key, NGramPool
-from specserve.platform.store import Store
+from specserve.platform.state.store import Store
 
 log = logging.getLogger(__name__)
 
