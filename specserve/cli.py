@@ -10,6 +10,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from specserve.paths import config_file
+
 
 def _parse_value(raw: str):
     try:
@@ -717,7 +719,7 @@ def build_parser() -> argparse.ArgumentParser:
     upp.add_argument(
         "--config",
         type=Path,
-        default=Path(__file__).resolve().parents[1] / "configs" / "serve.yaml",
+        default=config_file("serve.yaml"),
     )
     upp.add_argument("--host", default="127.0.0.1")
     upp.add_argument("--port", type=int, default=8000)

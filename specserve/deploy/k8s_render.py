@@ -13,10 +13,12 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from specserve.paths import repo_root
+
+ROOT = repo_root()
 RAYSERVICE_NAME = "specserve"
-SERVE_CONFIG = Path("configs/serve.yaml")
-POLICY = Path("configs/policy.yaml")
+SERVE_CONFIG = Path("specserve/configs/serve.yaml")
+POLICY = Path("specserve/configs/policy.yaml")
 BASE = Path("k8s/base")
 OVERLAYS = Path("k8s/overlays")
 OVERRIDES_NAME = "serve-overrides.yaml"
@@ -103,7 +105,7 @@ def rayservice_patch(config: dict, source: str) -> str:
 
 
 def overlay_serve_config(root: Path, overlay: str) -> dict:
-    """The serve config an overlay runs: configs/serve.yaml plus the overlay's overrides, if any."""
+    """The serve config an overlay runs: specserve/configs/serve.yaml plus the overlay's overrides, if any."""
     config = load_yaml(root / SERVE_CONFIG)
     overrides = root / OVERLAYS / overlay / OVERRIDES_NAME
     return apply_overrides(config, load_yaml(overrides)) if overrides.exists() else config

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from specserve.paths import repo_root
+
+ROOT = repo_root()
 OVERLAYS = ROOT / "k8s" / "overlays"
 KUBERAY_SCHEMAS = ROOT / "k8s" / "schemas" / "kuberay"
 CRD_FILES = {"RayService": "ray.io_rayservices.yaml", "RayCluster": "ray.io_rayclusters.yaml"}

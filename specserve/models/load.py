@@ -30,6 +30,7 @@ import transformers
 import yaml
 
 from specserve.engine import families, hf_internals
+from specserve.paths import config_file, default_cache_dir
 
 __all__ = [
     "CatalogEntry",
@@ -98,7 +99,7 @@ class PypiWheelSource(pydantic.BaseModel):
 
 
 class CatalogEntry(pydantic.BaseModel):
-    """One model of configs/models.yaml."""
+    """One model of specserve/configs/models.yaml."""
 
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
@@ -110,17 +111,9 @@ class CatalogEntry(pydantic.BaseModel):
     source: PypiWheelSource
 
 
-def default_cache_dir() -> Path:
-    """$SPECSERVE_CACHE, else ~/.cache/specserve."""
-    env = os.environ.get("SPECSERVE_CACHE")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "specserve"
-
-
 def catalog_path() -> Path:
-    """<repo root>/configs/models.yaml."""
-    return Path(__file__).resolve().parents[2] / "configs" / "models.yaml"
+    """The packaged catalog, specserve/configs/models.yaml."""
+    return config_file("models.yaml")
 
 
 def load_catalog(path: Path | None = None) -> dict[str, CatalogEntry]:

@@ -15,8 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from specserve.engine.batch_settings import BatchSettings
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from specserve.paths import config_file
 
 
 class TenantKeys(BaseModel):
@@ -57,7 +56,9 @@ class PlatformSettings(BaseModel):
         return Workload(rows=self.dtype_rows)
 
     models: list[str] = Field(["smollm2-135m"], min_length=1)
-    policy_file: Path = Path("configs/policy.yaml")
+    policy_file: Path | None = Field(
+        None, description="policy settings YAML; None: the packaged specserve/configs/policy.yaml"
+    )
     adapter_root: Path | None = None
     max_body_bytes: int = Field(1 << 20, gt=0)
     max_tokens: int = Field(1024, gt=0)
@@ -149,7 +150,7 @@ class PlatformSettings(BaseModel):
         )
 
     def resolved_policy_file(self) -> Path:
-        return self.policy_file if self.policy_file.is_absolute() else REPO_ROOT / self.policy_file
+        return self.policy_file if self.policy_file is not None else config_file("policy.yaml")
 
     def resolved_adapter_root(self) -> Path:
         if self.adapter_root is not None:

@@ -1,4 +1,4 @@
-"""Policy settings (configs/policy.yaml), a pydantic model passed to the router; unknown keys fail."""
+"""Policy settings (specserve/configs/policy.yaml), a pydantic model passed to the router; unknown keys fail."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The platform for real: a local Ray running the Serve app of configs/serve.yaml (tiny model),
+"""The platform for real: a local Ray running the Serve app of specserve/configs/serve.yaml (tiny model),
 a real redis-server as registry and pool store; HTTP on loopback only, bounded requests."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def stack(tmp_path_factory, save_tiny_model_dir):
         "SPECSERVE_ADMIN_TOKEN": TOKEN,
         "SPECSERVE_CACHE": str(tmp / "cache"),
     }
-    config = yaml.safe_load((REPO / "configs" / "serve.yaml").read_text())["applications"][0]
+    config = yaml.safe_load((REPO / "specserve" / "configs" / "serve.yaml").read_text())["applications"][0]
     args = config["args"] | {
         "models": ["tiny"],
         "model_dirs": {"tiny": str(model_dir)},

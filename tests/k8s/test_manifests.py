@@ -84,7 +84,7 @@ def test_broken_overlay_renders_and_fails(kubectl, tmp_path):
 
 
 def test_serve_config_in_rayservice_is_configs_serve_yaml(rendered):
-    configs = k8s_render.load_yaml(ROOT / "configs" / "serve.yaml")
+    configs = k8s_render.load_yaml(ROOT / "specserve" / "configs" / "serve.yaml")
     dev = yaml.safe_load(_rayservice(rendered["dev"])["spec"]["serveConfigV2"])
     assert dev == configs
     for name, objs in rendered.items():
@@ -345,7 +345,7 @@ def test_app_environment_and_mounts(rendered):
         policy_dir, policy_file = env["SPECSERVE_POLICY_FILE"].rsplit("/", 1)
         policy_cm = the(objs, "ConfigMap", mounts[policy_dir]["configMap"]["name"])
         assert yaml.safe_load(policy_cm["data"][policy_file]) == k8s_render.load_yaml(
-            ROOT / "configs" / "policy.yaml"
+            ROOT / "specserve" / "configs" / "policy.yaml"
         )
         tenants_dir, _ = env["SPECSERVE_TENANT_KEYS_FILE"].rsplit("/", 1)
         assert mounts[tenants_dir]["secret"]["secretName"] == "specserve-tenants"

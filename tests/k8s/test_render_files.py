@@ -19,21 +19,21 @@ def test_generated_files_are_up_to_date():
 
 
 def test_patch_carries_the_config_exactly():
-    config = k8s_render.load_yaml(ROOT / "configs" / "serve.yaml")
-    patch = yaml.safe_load(k8s_render.rayservice_patch(config, "configs/serve.yaml"))
+    config = k8s_render.load_yaml(ROOT / "specserve" / "configs" / "serve.yaml")
+    patch = yaml.safe_load(k8s_render.rayservice_patch(config, "specserve/configs/serve.yaml"))
     assert patch["kind"] == "RayService" and patch["metadata"]["name"] == "specserve"
     assert yaml.safe_load(patch["spec"]["serveConfigV2"]) == config
 
 
 @pytest.fixture
 def repo_copy(tmp_path):
-    for part in ("configs", "k8s/base", "k8s/overlays"):
+    for part in ("specserve/configs", "k8s/base", "k8s/overlays"):
         shutil.copytree(ROOT / part, tmp_path / part)
     return tmp_path
 
 
 def test_a_changed_config_makes_files_stale(repo_copy):
-    serve = repo_copy / "configs" / "serve.yaml"
+    serve = repo_copy / "specserve" / "configs" / "serve.yaml"
     serve.write_text(serve.read_text().replace("max_tokens: 1024", "max_tokens: 2048"))
     stale = {str(p) for p in k8s_render.stale(repo_copy)}
     assert stale == {
@@ -43,7 +43,7 @@ def test_a_changed_config_makes_files_stale(repo_copy):
     assert k8s_render.main(["--check", "--root", str(repo_copy)]) == 1
     assert k8s_render.main(["--root", str(repo_copy)]) == 0
     assert k8s_render.stale(repo_copy) == []
-    policy = repo_copy / "configs" / "policy.yaml"
+    policy = repo_copy / "specserve" / "configs" / "policy.yaml"
     policy.write_text(policy.read_text() + "\nauto_train_extra: 1\n")
     assert [str(p) for p in k8s_render.stale(repo_copy)] == ["k8s/base/generated/policy.yaml"]
 

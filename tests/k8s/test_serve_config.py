@@ -1,4 +1,4 @@
-"""configs/serve.yaml (and each overlay's resized copy) is a valid Ray Serve config, checked with
+"""specserve/configs/serve.yaml (and each overlay's resized copy) is a valid Ray Serve config, checked with
 Ray's own schema plus unknown-key detection, and keeps the platform's contract (see its header)."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from ray.serve.config import AutoscalingConfig
 from ray.serve.schema import ServeDeploySchema
 
 from specserve.deploy import k8s_render, k8s_validate
+from specserve.platform.settings import PlatformSettings
 
 ROOT = k8s_render.ROOT
-CONFIGS = {"configs/serve.yaml": k8s_render.load_yaml(ROOT / "configs" / "serve.yaml")}
+CONFIGS = {"specserve/configs/serve.yaml": k8s_render.load_yaml(ROOT / "specserve" / "configs" / "serve.yaml")}
 CONFIGS.update(
     {f"overlay {o}": k8s_render.overlay_serve_config(ROOT, o) for o in k8s_validate.overlays()}
 )
@@ -68,7 +69,7 @@ def test_valid_for_ray_serve(name):
     ],
 )
 def test_unknown_keys_are_caught(path, typo):
-    config = yaml.safe_load(yaml.safe_dump(CONFIGS["configs/serve.yaml"]))
+    config = yaml.safe_load(yaml.safe_dump(CONFIGS["specserve/configs/serve.yaml"]))
     node = config
     for key in path:
         node = node[key]
@@ -77,15 +78,15 @@ def test_unknown_keys_are_caught(path, typo):
 
 
 def test_platform_contract():
-    config = CONFIGS["configs/serve.yaml"]
+    config = CONFIGS["specserve/configs/serve.yaml"]
     assert config["http_options"]["host"] == "0.0.0.0" and config["http_options"]["port"] == 8000
     (app,) = config["applications"]
     assert app["route_prefix"] == "/"
     assert app["import_path"] == "specserve.platform.rayserve.deployments:build_app"
     args = app["args"]
-    catalog = k8s_render.load_yaml(ROOT / "configs" / "models.yaml")["models"]
+    catalog = k8s_render.load_yaml(ROOT / "specserve" / "configs" / "models.yaml")["models"]
     assert args["models"] and set(args["models"]) <= set(catalog)
-    assert (ROOT / args["policy_file"]).is_file()
+    assert PlatformSettings.from_args(args, env={}).resolved_policy_file().is_file()
     assert args["adapter_root"] is None or Path(args["adapter_root"]).is_absolute()
     assert (
         args["max_body_bytes"] > 0

@@ -9,7 +9,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_serve_yaml_args_and_environment():
-    args = yaml.safe_load((REPO / "configs" / "serve.yaml").read_text())["applications"][0]["args"]
+    args = yaml.safe_load((REPO / "specserve" / "configs" / "serve.yaml").read_text())["applications"][0]["args"]
     env = {
         "REDIS_URL": "redis://:pw@r:6379/1",
         "SPECSERVE_ADMIN_TOKEN": "tok",

@@ -97,7 +97,7 @@ def test_base_model_never_queues_training():
 
 
 def test_settings_validate_and_load_the_shipped_file():
-    shipped = PolicySettings.from_yaml(Path(__file__).parents[2] / "configs" / "policy.yaml")
+    shipped = PolicySettings.from_yaml(Path(__file__).parents[2] / "specserve" / "configs" / "policy.yaml")
     assert shipped == PolicySettings()
     with pytest.raises(ValueError, match="stabilty"):
         PolicySettings.model_validate({"stabilty_window_s": 5})

@@ -1,4 +1,4 @@
-"""The Ray Serve application of configs/serve.yaml: `build_app(args)` wires a `Gateway` ingress and
+"""The Ray Serve application of specserve/configs/serve.yaml: `build_app(args)` wires a `Gateway` ingress and
 one `ModelServer-<model>` per base model; requests for a variant are multiplexed by variant@version
 so they go to replicas that already hold its adapter, Serve's per-replica cache sized by the
 replica's resident-adapter budget. The builder loads nothing itself.
@@ -22,7 +22,7 @@ STORE_ACTOR = "specserve-store"
 
 
 def build_app(args: dict, deployments: list[dict] | None = None) -> serve.Application:
-    """Serve's application builder (import path in configs/serve.yaml). `deployments`: the config's
+    """Serve's application builder (import path in specserve/configs/serve.yaml). `deployments`: the config's
     per-deployment options, for callers that bypass `serve run` (`specserve up`)."""
     settings = PlatformSettings.from_args(
         args, env={}

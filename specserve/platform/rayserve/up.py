@@ -1,5 +1,5 @@
 """`specserve up`: the whole platform on this machine — the store (REDIS_URL, else a private
-redis-server), a local Ray, and the Serve application of configs/serve.yaml on one port."""
+redis-server), a local Ray, and the Serve application of specserve/configs/serve.yaml on one port."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from specserve.platform.settings import REPO_ROOT
+from specserve.paths import config_file
 
 
 def admin_token_file(cache_dir: Path) -> Path:
@@ -117,7 +117,7 @@ def up(
 
 
 def default_config() -> Path:
-    return REPO_ROOT / "configs" / "serve.yaml"
+    return config_file("serve.yaml")
 
 
 if __name__ == "__main__":  # pragma: no cover
