@@ -29,7 +29,8 @@ from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.variants import PoolBook
 from specserve.engine.batch_settings import BatchSettings
 from specserve.engine.sampling import SamplingParams
-from specserve.models.load import default_cache_dir, load_model
+from specserve.models.load import load_model
+from specserve.paths import default_cache_dir
 from specserve.platform.service import GenerateRequest, ModelService, Target
 from specserve.policies.settings import PolicySettings
 

@@ -29,7 +29,8 @@ from specserve.engine.dtype_choice import Workload
 from specserve.engine.prompts import encode_messages
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.scheduler import BatchSettings, Scheduler
-from specserve.models.load import default_cache_dir, load_model
+from specserve.models.load import load_model
+from specserve.paths import default_cache_dir
 from specserve.platform.settings import PlatformSettings
 from specserve.tools.loadtest import interleave_tasks
 

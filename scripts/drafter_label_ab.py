@@ -2,7 +2,7 @@
 (argmax token) vs soft (target distribution) cross-entropy, same seed and wall time each; prints
 held-out acceptance (out-of-vocabulary tokens count as misses) and expected τ of 4- and 12-node trees.
 
-    python scripts/drafter_label_ab.py 330 --out docs/drafter-soft-labels-cpu.json
+    python scripts/drafter_label_ab.py 330 --out docs/reports/drafter-soft-labels-cpu.json
 """
 
 import json
@@ -16,10 +16,10 @@ from specserve.engine.drafters.artifact import build_module
 from specserve.engine.drafters.modules import EagleSpec
 from specserve.engine.drafters.trees import expected_tau
 from specserve.engine.drafters.vocab import head_rows
-from specserve.models.load import default_cache_dir, load_model
+from specserve.models.load import load_model
+from specserve.paths import default_cache_dir
 from specserve.training import examples, trainers
 from specserve.training.data import DistillData, frequent_vocab, teacher_features, token_counts
-from specserve.training.run import _eagle_batches
 
 secs = float(sys.argv[1])  # training seconds per arm
 out_path = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else None
@@ -51,8 +51,8 @@ out = {}
 for name, soft in [("hard", False), ("soft", True)]:
     torch.manual_seed(0)
     ts = trainers.TrainerSettings(soft_labels=soft)
-    b = _eagle_batches(seqs, pl, f, index, ts.eagle_batch_seqs, 64)
-    hb = _eagle_batches(hseqs, hpl, hf, index, 4, 64)
+    b = examples.eagle_batches(seqs, pl, f, index, ts.eagle_batch_seqs, 64)
+    hb = examples.eagle_batches(hseqs, hpl, hf, index, 4, 64)
     d = build_module(model, EagleSpec()).float()
     std = torch.cat([x[:, 0] for x in f]).std(0)
     st = trainers.train_eagle(d, model, w, b, ts, secs, None, None, std, hb)

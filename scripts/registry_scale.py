@@ -47,7 +47,8 @@ def _timed(fn: Callable[[], object], calls: int) -> list[float]:
 @contextlib.contextmanager
 def _store(kind: str):
     from specserve.platform.state.embedded import EmbeddedRedis
-    from specserve.platform.state.store import MemoryStore, RedisStore
+    from specserve.platform.state.memory_store import MemoryStore
+    from specserve.platform.state.redis_store import RedisStore
 
     if kind == "memory":
         yield MemoryStore(), "in-process MemoryStore"

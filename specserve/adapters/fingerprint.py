@@ -7,16 +7,18 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 def adapter_sha256(adapter_dir: str | Path) -> str:
-    """Hex sha256 over (name, length, bytes) of each adapter file; FileNotFoundError if one is missing."""
+    """Hex sha256 over (name, length, bytes) of each adapter file, streamed; FileNotFoundError if
+    one is missing. The format is stored (registry records, drafter manifests): keep it."""
     digest = hashlib.sha256()
     for name in ADAPTER_FILES:
-        data = (Path(adapter_dir) / name).read_bytes()
-        digest.update(f"{name}\0{len(data)}\0".encode())
-        digest.update(data)
+        with open(Path(adapter_dir) / name, "rb") as f:
+            digest.update(f"{name}\0{os.fstat(f.fileno()).st_size}\0".encode())
+            hashlib.file_digest(f, lambda: digest)  # feeds the file into `digest`
     return digest.hexdigest()

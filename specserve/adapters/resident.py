@@ -230,7 +230,7 @@ def _check_name(name: str) -> None:
 def base_model_names(model_id: str) -> list[str]:
     """Names an adapter may give for this base: the served id and, for a catalog model, its
     upstream Hugging Face id (e.g. smollm2-135m and HuggingFaceTB/SmolLM2-135M-Instruct)."""
-    from specserve.models.load import load_catalog
+    from specserve.models.catalog import load_catalog
 
     entry = load_catalog().get(model_id)
     return [model_id] + ([entry.upstream] if entry and entry.upstream else [])

@@ -1,19 +1,21 @@
 """How the gateway reaches model servers: `Backend.stream(base_model, request)` yields the events
-of ModelService.generate. `LocalBackend` calls services in this process; the Ray Serve backend
-(app.py) calls deployment handles, multiplexed by variant@version."""
+of ModelService.generate as `Delta` / `Done` models. `LocalBackend` calls services in this
+process; the Ray Serve backend (rayserve/deployments.py) calls deployment handles, multiplexed by
+variant@version, and turns the dicts they stream back into events with `parse_event`."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from specserve.platform.events import Delta, Done
 from specserve.platform.service import GenerateRequest, ModelService, Overloaded
 
 __all__ = ["Backend", "LocalBackend", "Overloaded"]
 
 
 class Backend(Protocol):
-    def stream(self, base_model: str, request: GenerateRequest) -> AsyncIterator[dict]: ...
+    def stream(self, base_model: str, request: GenerateRequest) -> AsyncIterator[Delta | Done]: ...
 
     async def replica_stats(self) -> dict[str, dict]: ...
 
@@ -24,7 +26,7 @@ class LocalBackend:
     def __init__(self, services: dict[str, ModelService]) -> None:
         self.services = services
 
-    def stream(self, base_model: str, request: GenerateRequest) -> AsyncIterator[dict]:
+    def stream(self, base_model: str, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
         return self.services[base_model].generate(request)
 
     async def replica_stats(self) -> dict[str, dict]:

@@ -1,7 +1,7 @@
 """One base model's serving core, independent of Ray: variants, policy, engine, streamed events.
 
 `ModelService.generate(request)` picks the strategy (policy), makes the variant's adapter resident,
-decodes with its n-gram pool, and yields `{"type": "delta", ...}` events then one `"done"` event.
+decodes with its n-gram pool, and yields `Delta` events then one `Done` (platform/events.py).
 All requests of a replica decode together in one engine loop (`engine.scheduler`, on its own
 thread): each step is one forward over every admitted request, whatever its variant or strategy.
 """
@@ -22,48 +22,32 @@ from specserve.adapters.variants import PoolBook, VariantKey
 from specserve.engine.decode import Engine, RequestState
 from specserve.engine.lora import BASE_ADAPTER
 from specserve.engine.prompts import encode_messages, encode_prompt
-from specserve.engine.proposers import REGISTRY
+from specserve.engine.proposers import DRAFTER_KINDS, REGISTRY
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.scheduler import BatchSettings, QueueFull, Scheduler
-from specserve.policies.router import Decision, DrafterView, VariantView, decide
+from specserve.platform.events import Delta, Done, DoneInfo, Usage
+from specserve.policies.router import Decision, VariantView, decide
 from specserve.policies.settings import PolicySettings
-
-DRAFTER_KINDS = ("medusa", "eagle")
 
 
 class Overloaded(Exception):
     """The model server cannot take the request now (queue full); the gateway answers 503."""
 
 
-class Target(BaseModel):
-    """What the gateway resolved a `model` name to; name None = the base model itself."""
+class Target(VariantView):
+    """What the gateway resolved a `model` name to: the policy's view of the variant version
+    (name None = the base model itself), where its adapter is, and the policy settings an admin
+    stored (None: the server's own)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str | None = None
-    version: int = 0
     adapter_path: str | None = None
     adapter_sha256: str | None = None
-    version_times: list[float] = []
-    drafters: list[dict] = []  # DrafterView fields
-    measured_tau: dict[str, tuple[float, int]] = {}
-    forced_strategy: str | None = None
-    policy: dict | None = None  # PolicySettings an admin stored; None: the server's own
+    policy: PolicySettings | None = None
 
     @property
     def key(self) -> VariantKey | None:
         return VariantKey(self.name, self.version) if self.name else None
-
-    def view(self) -> VariantView:
-        drafters = [DrafterView(**d) for d in self.drafters]
-        return VariantView(
-            self.name,
-            self.version,
-            self.version_times,
-            drafters,
-            self.measured_tau,
-            self.forced_strategy,
-        )
 
 
 class GenerateRequest(BaseModel):
@@ -147,12 +131,10 @@ class ModelService:
         if request.strategy:
             decision = Decision(request.strategy, "strategy set by the caller")
         else:
-            policy = self.policy
-            if request.target.policy is not None:
-                policy = PolicySettings.model_validate(request.target.policy)
-            decision = decide(request.target.view(), self.ongoing, policy, self.clock())
+            policy = self.policy if request.target.policy is None else request.target.policy
+            decision = decide(request.target, self.ongoing, policy, self.clock())
         drafter, drafter_cfg = None, None
-        if decision.strategy in DRAFTER_KINDS:
+        if decision.strategy in DRAFTER_KINDS.names():
             try:
                 drafter, drafter_cfg = self.drafter(request.target, decision.strategy)
             except (ValueError, OSError) as err:  # mismatch, missing files: never garbage drafts
@@ -174,10 +156,10 @@ class ModelService:
         variant's adapter (a drafter of another version is refused)."""
         from specserve.engine.drafters.artifact import base_weights_sha256, load_drafter
 
-        found = [d for d in target.drafters if d.get("kind") == kind and d.get("artifact_dir")]
+        found = [d for d in target.drafters if d.kind == kind and d.artifact_dir]
         if not found:
             raise ValueError(f"no {kind} artifact registered for {target.key or 'the base model'}")
-        path = found[0]["artifact_dir"]
+        path = found[0].artifact_dir
         cache_key = (path, target.adapter_sha256 or "")
         if cache_key not in self._drafters:
             if self._weights_sha is None:
@@ -227,7 +209,7 @@ class ModelService:
         else:
             self.adapters.evict(key)
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[dict]:
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
         """Yield delta events, then a done event; cancelling the consumer stops the decode (its
         row leaves the batch at the next step). Raises Overloaded when the queue is full."""
         loop = asyncio.get_running_loop()
@@ -261,7 +243,7 @@ class ModelService:
                 while not finished:
                     step, finished = await events.get()
                     if step is not None and step.text:
-                        yield {"type": "delta", "text": step.text, "token_ids": step.new_ids}
+                        yield Delta(text=step.text, token_ids=step.new_ids)
                 if ticket.error is not None:
                     raise RuntimeError(f"generation failed: {ticket.error}") from ticket.error
                 yield self._done(request, state, decision)
@@ -292,29 +274,27 @@ class ModelService:
             raise
         return state, decision, hold
 
-    def _done(self, request: GenerateRequest, state: RequestState, decision: Decision) -> dict:
+    def _done(self, request: GenerateRequest, state: RequestState, decision: Decision) -> Done:
         result = self.engine.result(state)
         reason = decision.reason
         if state.capped_steps:
             reason += f"; load: drafts cut in {state.capped_steps} of {state.forwards} steps"
-        return {
-            "type": "done",
-            "finish_reason": result.finish_reason,
-            "usage": {
-                "prompt_tokens": len(result.prompt_ids),
-                "completion_tokens": len(result.output_ids),
-                "total_tokens": len(result.prompt_ids) + len(result.output_ids),
-            },
-            "specserve": {
-                "variant": request.target.name,
-                "version": request.target.version or None,
-                "strategy": decision.strategy,
-                "reason": reason,
-                "tau": round(result.tau, 3),
-                "load_capped_steps": state.capped_steps,
-                "forwards": result.forwards,
-                "drafted_by_depth": result.drafted_by_depth,
-                "accepted_by_depth": result.accepted_by_depth,
-                "train_kind": decision.train_kind,
-            },
-        }
+        prompt, completion = len(result.prompt_ids), len(result.output_ids)
+        return Done(
+            finish_reason=result.finish_reason,
+            usage=Usage(
+                prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+            ),
+            specserve=DoneInfo(
+                variant=request.target.name,
+                version=request.target.version or None,
+                strategy=decision.strategy,
+                reason=reason,
+                tau=round(result.tau, 3),
+                load_capped_steps=state.capped_steps,
+                forwards=result.forwards,
+                drafted_by_depth=result.drafted_by_depth,
+                accepted_by_depth=result.accepted_by_depth,
+                train_kind=decision.train_kind,
+            ),
+        )

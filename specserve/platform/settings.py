@@ -1,7 +1,8 @@
-"""Settings of the whole application: the Serve config's `args` plus secrets from the environment.
+"""Settings of the whole application: the Serve config's `args` plus what the environment sets.
 
 `PlatformSettings.from_args(args, env)` validates both (unknown arg names fail, listing the valid
-ones); the environment wins for paths (SPECSERVE_POLICY_FILE, SPECSERVE_ADAPTER_ROOT).
+ones). `Environment` reads the environment with pydantic-settings: secrets, store addresses and
+the cache come only from there; it wins for paths (SPECSERVE_POLICY_FILE, SPECSERVE_ADAPTER_ROOT).
 """
 
 from __future__ import annotations
@@ -13,9 +14,69 @@ from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+from pydantic_settings.sources.utils import parse_env_vars
 
 from specserve.engine.batch_settings import BatchSettings
-from specserve.paths import config_file
+from specserve.paths import config_file, default_cache_dir
+
+ENV_ONLY = frozenset({"admin_token", "tenant_keys", "redis_url", "pool_redis_url", "cache_dir"})
+
+
+class _MappingSource(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping instead of `os.environ` (as its
+    dotenv source does over a file), so `env={}` means no environment at all."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        self._mapping = env
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(
+            self._mapping, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str
+        )
+
+
+class Environment(BaseSettings):
+    """The variables specserve reads; an empty one counts as unset. `read(env)` takes them from
+    `env` (default: the process environment), nothing else: no .env file, no secrets dir."""
+
+    model_config = SettingsConfigDict(
+        case_sensitive=True, env_ignore_empty=True, extra="ignore", frozen=True
+    )
+
+    admin_token: SecretStr | None = Field(None, validation_alias="SPECSERVE_ADMIN_TOKEN")
+    tenant_keys_file: Path | None = Field(None, validation_alias="SPECSERVE_TENANT_KEYS_FILE")
+    redis_url: SecretStr | None = Field(None, validation_alias="REDIS_URL")
+    pool_redis_url: SecretStr | None = Field(None, validation_alias="SPECSERVE_POOL_REDIS_URL")
+    cache_dir: Path | None = Field(None, validation_alias="SPECSERVE_CACHE")
+    policy_file: Path | None = Field(None, validation_alias="SPECSERVE_POLICY_FILE")
+    adapter_root: Path | None = Field(None, validation_alias="SPECSERVE_ADAPTER_ROOT")
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ):
+        return (init_settings,)  # the variables come in through `read`, from one mapping
+
+    @classmethod
+    def read(cls, env: Mapping[str, str] | None = None) -> Environment:
+        return cls(**_MappingSource(cls, os.environ if env is None else env)())
+
+    def platform_values(self) -> dict:
+        """`PlatformSettings` fields from here: the env-only ones, and the paths that are set."""
+        paths = {"policy_file": self.policy_file, "adapter_root": self.adapter_root}
+        return {k: v for k, v in paths.items() if v is not None} | {
+            "admin_token": self.admin_token,
+            "tenant_keys": TenantKeys.from_file(self.tenant_keys_file),
+            "redis_url": _plain(self.redis_url),
+            "pool_redis_url": _plain(self.pool_redis_url or self.redis_url),
+            "cache_dir": self.cache_dir,
+        }
+
+
+def _plain(secret: SecretStr | None) -> str | None:
+    return None if secret is None else secret.get_secret_value()
 
 
 class TenantKeys(BaseModel):
@@ -46,6 +107,8 @@ class TenantKeys(BaseModel):
 
 
 class PlatformSettings(BaseModel):
+    """Everything a gateway, a model server or a drafter job of this application is set up from."""
+
     model_config = ConfigDict(extra="forbid")
 
     def dtype_workload(self):
@@ -115,30 +178,13 @@ class PlatformSettings(BaseModel):
     def from_args(
         cls, args: Mapping | None = None, env: Mapping[str, str] | None = None
     ) -> PlatformSettings:
-        env = os.environ if env is None else env
+        """`args` (the Serve config's; env-only names refused) plus `Environment.read(env)`."""
         values = dict(args or {})
-        unknown = set(values) - set(cls.model_fields) | (
-            set(values) & {"admin_token", "tenant_keys", "redis_url", "pool_redis_url", "cache_dir"}
-        )
+        valid = sorted(set(cls.model_fields) - ENV_ONLY)
+        unknown = set(values) - set(valid)
         if unknown:
-            allowed = sorted(
-                set(cls.model_fields)
-                - {"admin_token", "tenant_keys", "redis_url", "pool_redis_url", "cache_dir"}
-            )
-            raise ValueError(f"unknown application args {sorted(unknown)}; valid: {allowed}")
-        if env.get("SPECSERVE_POLICY_FILE"):
-            values["policy_file"] = env["SPECSERVE_POLICY_FILE"]
-        if env.get("SPECSERVE_ADAPTER_ROOT"):
-            values["adapter_root"] = env["SPECSERVE_ADAPTER_ROOT"]
-        tenants_file = env.get("SPECSERVE_TENANT_KEYS_FILE")
-        values.update(
-            admin_token=env.get("SPECSERVE_ADMIN_TOKEN") or None,
-            tenant_keys=TenantKeys.from_file(Path(tenants_file) if tenants_file else None),
-            redis_url=env.get("REDIS_URL") or None,
-            pool_redis_url=env.get("SPECSERVE_POOL_REDIS_URL") or env.get("REDIS_URL") or None,
-            cache_dir=env.get("SPECSERVE_CACHE") or None,
-        )
-        return cls.model_validate(values)
+            raise ValueError(f"unknown application args {sorted(unknown)}; valid: {valid}")
+        return cls.model_validate(values | Environment.read(env).platform_values())
 
     def resolved_torch_threads(self) -> int:
         if self.torch_threads is not None:
@@ -155,6 +201,4 @@ class PlatformSettings(BaseModel):
     def resolved_adapter_root(self) -> Path:
         if self.adapter_root is not None:
             return self.adapter_root
-        from specserve.models.load import default_cache_dir
-
         return (self.cache_dir or default_cache_dir()) / "adapters"

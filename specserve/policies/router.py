@@ -7,32 +7,35 @@ acceptance, else lookahead (and asks for training); a busy replica shortens draf
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict
 
 from specserve.policies.settings import PolicySettings
 
 
-@dataclass(frozen=True)
-class DrafterView:
-    """A drafter of the variant's current version, as the registry knows it."""
+class DrafterView(BaseModel):
+    """A trained drafter of one variant version, as the policy reads it (field names as the
+    registry's drafter status; `artifact_dir` is where the model server loads it from)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: str  # "eagle" | "medusa"
-    status: str  # queued | running | succeeded | failed | cancelled
-    held_out_tau: float | None = None
+    state: str  # queued | running | succeeded | failed | cancelled
+    tau: float | None = None  # held-out tokens per target forward
     artifact_dir: str | None = None
 
 
-@dataclass(frozen=True)
-class VariantView:
-    """What the policy reads about one variant (None name = the base model itself)."""
+class VariantView(BaseModel):
+    """What the policy reads about one variant version (None name = the base model itself)."""
 
-    name: str | None
-    version: int
-    version_times: list[float] = field(default_factory=list)  # created_at of every version, seconds
-    drafters: list[DrafterView] = field(default_factory=list)
-    measured_tau: dict[str, tuple[float, int]] = field(
-        default_factory=dict
-    )  # strategy -> (tau, tokens)
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str | None = None
+    version: int = 0
+    version_times: list[float] = []  # created_at of every version, seconds
+    drafters: list[DrafterView] = []
+    measured_tau: dict[str, tuple[float, int]] = {}  # strategy -> (tau, tokens)
     forced_strategy: str | None = None
 
 
@@ -67,9 +70,9 @@ def _by_lifecycle(view: VariantView, settings: PolicySettings, now: float) -> De
         return Decision("lookahead", f"{changing}; lookahead needs no training")
     lookahead_tau = _tau(view, "lookahead", settings) or settings.lookahead_tau_prior
     ready = [
-        d for d in view.drafters if d.status == "succeeded" and d.kind in settings.drafter_kinds
+        d for d in view.drafters if d.state == "succeeded" and d.kind in settings.drafter_kinds
     ]
-    scored = [(_tau(view, d.kind, settings) or d.held_out_tau or 0.0, d.kind) for d in ready]
+    scored = [(_tau(view, d.kind, settings) or d.tau or 0.0, d.kind) for d in ready]
     if scored:
         tau, kind = max(scored)
         if tau >= settings.drafter_margin * lookahead_tau:
@@ -80,7 +83,7 @@ def _by_lifecycle(view: VariantView, settings: PolicySettings, now: float) -> De
             "lookahead",
             f"stable; best drafter {kind} tau {tau:.2f} does not beat lookahead {lookahead_tau:.2f}",
         )
-    pending = [d.kind for d in view.drafters if d.status in ("queued", "running")]
+    pending = [d.kind for d in view.drafters if d.state in ("queued", "running")]
     if pending:
         return Decision("lookahead", f"stable; {pending[0]} drafter training in progress")
     if settings.auto_train and view.name is not None:

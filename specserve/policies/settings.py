@@ -7,6 +7,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from specserve.engine.drafters.specs import KIND_NAMES, KindName
+
 
 class PolicySettings(BaseModel):
     """When a variant counts as changing or stable, when drafters win, and how load gates speculation."""
@@ -34,9 +36,10 @@ class PolicySettings(BaseModel):
     auto_train: bool = Field(
         True, description="queue drafter training for stable variants without one"
     )
-    train_kind: str = Field("eagle", description="drafter kind auto-training queues")
-    drafter_kinds: list[str] = Field(
-        ["eagle", "medusa"], description="strategies that need trained heads"
+    train_kind: KindName = Field("eagle", description="drafter kind auto-training queues")
+    drafter_kinds: list[KindName] = Field(
+        default_factory=lambda: list(KIND_NAMES),
+        description="drafter kinds the policy may pick (each a strategy that needs trained heads)",
     )
     busy_ongoing: int = Field(
         4, ge=1, description="ongoing requests per replica at which drafts shrink"

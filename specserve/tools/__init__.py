@@ -1,1 +1,2 @@
-"""tools."""
+"""Developer tools around specserve: `loadtest` (load scenarios against a running server) and
+`bench` (decoding strategies against transformers `generate()`, offline)."""

@@ -96,6 +96,36 @@ def eagle_batch(
     return EagleBatch(feats, next_tokens, next_final, targets, valid)
 
 
+def eagle_batches(
+    sequences: list[list[int]],
+    prompt_lens: list[int],
+    features: list[torch.Tensor],
+    index: torch.Tensor,
+    size: int,
+    context: int,
+) -> list[EagleBatch]:
+    """`eagle_batch`es of `size` sequences of similar length; each sequence keeps `context` prompt
+    tokens before its answer (features come from the full sequence, so they are exact; the draft
+    just sees less)."""
+    cut = [max(p - context, 0) for p in prompt_lens]
+    sequences = [s[c:] for s, c in zip(sequences, cut)]
+    prompt_lens = [p - c for p, c in zip(prompt_lens, cut)]
+    features = [f[c:] for f, c in zip(features, cut)]
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    out = []
+    for s in range(0, len(order), size):
+        idx = order[s : s + size]
+        out.append(
+            eagle_batch(
+                [sequences[i] for i in idx],
+                [prompt_lens[i] for i in idx],
+                [features[i] for i in idx],
+                index,
+            )
+        )
+    return out
+
+
 def ttt_allowed(n: int, step: int) -> torch.Tensor:
     """[n, n * step] bool: what row t of unrolled pass `step` (1-based) attends to, over the
     rows of passes 1..step laid out pass-major. Pass 1 is causal; pass j row t sees pass-1 rows

@@ -1,8 +1,9 @@
-"""`train_drafter`: self-distill, train and save a Medusa or EAGLE drafter for a loaded target
-(plain or peft base + adapter), within a time budget, resumable from `out_dir`.
+"""`train_drafter`: self-distill, train and save a drafter of any kind (Medusa, EAGLE) for a
+loaded target (plain or peft base + adapter), within a time budget, resumable from `out_dir`.
 
-Steps: training prompts -> target answers (cached per model + adapter, shared by both kinds) ->
-teacher features -> draft vocabulary -> training -> held-out acceptance rates and τ -> artifact.
+Steps: training prompts -> target answers (cached per model + adapter, shared by all kinds) ->
+draft vocabulary -> teacher features -> the kind's trainer (`kinds.TRAINERS`) -> held-out
+acceptance rates and τ -> artifact.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.engine.decode import Engine
@@ -24,7 +24,7 @@ from specserve.engine.drafters.artifact import (
     build_module,
     save_drafter,
 )
-from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
+from specserve.engine.drafters.specs import EagleSpec, KindName, MedusaSpec
 from specserve.engine.drafters.vocab import head_rows
 from specserve.engine.lora_batch import lora_rows
 from specserve.engine.prompts import encode_prompt
@@ -37,13 +37,14 @@ from specserve.training.data import (
     teacher_features,
     token_counts,
 )
+from specserve.training.kinds import TRAINERS, Sequences, TrainingJob
 from specserve.training.prompts import SOURCE, training_prompts
 
 
 class DrafterTrainSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: str = Field(pattern="^(medusa|eagle)$")
+    kind: KindName
     budget_minutes: float = Field(20.0, gt=0, description="whole command, data included")
     data_share: float = Field(0.6, gt=0, le=1, description="most of the budget data may take")
     features_share: float = Field(
@@ -157,11 +158,9 @@ def _train(
         f"({data.seconds:.0f}s of generation)"
     )
 
-    # 2. features and the draft vocabulary
-    kind = settings.kind
-    spec = settings.medusa if kind == "medusa" else settings.eagle
-    # EAGLE: its input layers, then the final feature (the regression target) in the last slot
-    layers = (-1,) if kind == "medusa" else tuple(spec.feature_layers) + (-1,)
+    # 2. the draft vocabulary, the kind's spec and the teacher features it learns from
+    trainer = TRAINERS.get(settings.kind)
+    kind = trainer.name
     seqs = [data.sequence(i) for i in train_idx]
     held_seqs = [data.sequence(i) for i in held]
     plens = [len(data.prompts[i]) for i in train_idx]
@@ -170,8 +169,8 @@ def _train(
     counts = token_counts([data.answers[i] for i in train_idx], vocab_size)
     draft_vocab = frequent_vocab(counts, settings.draft_vocab)
     index = examples.vocab_index(draft_vocab, vocab_size)
-    if kind == "medusa" and spec.own_head:
-        spec = spec.model_copy(update={"own_head": len(draft_vocab)})
+    spec = trainer.spec(settings, len(draft_vocab))
+    layers = trainer.teacher_layers(spec)
     log(f"teacher features (layers {layers}) over {len(seqs) + len(held_seqs)} sequences ...")
     held_feats = teacher_features(model, held_seqs, layers)
     share = min(settings.data_share + settings.features_share, 1.0)
@@ -199,27 +198,21 @@ def _train(
         recent = state["losses"][-20:]
         tbar.set_postfix_str(f"loss {sum(recent) / len(recent):.3f} ep {state['epoch']}")
 
-    ts = settings.trainer
-    if kind == "medusa":
-        rows = examples.medusa_rows(seqs, plens, feats, spec.heads, index)
-        held_rows = examples.medusa_rows(held_seqs, held_plens, held_feats, spec.heads, index)
-        state = trainers.train_medusa(
-            module, rows_w, rows, ts, max(train_s, 1.0), ckpt, progress, held_rows
-        )
-        acc = trainers.medusa_accept_rates(module, rows_w, held_rows, spec.topk)
-    else:
-        ctx = settings.eagle_context
-        batches = _eagle_batches(seqs, plens, feats, index, ts.eagle_batch_seqs, ctx)
-        held_batches = _eagle_batches(held_seqs, held_plens, held_feats, index, 4, ctx)
-        std = torch.cat([f[:, 0] for f in feats]).std(0)  # [H] of the first input layer
-        if module.fuse is not None:
-            std = None  # fused features: noise is added after fusion, scaled by its own std
-        state = trainers.train_eagle(
-            module, model, rows_w, batches, ts, max(train_s, 1.0), ckpt, progress, std, held_batches
-        )
-        acc = trainers.eagle_accept_rates(
-            module, model, rows_w, held_batches, ts.eval_depth, ts.eval_topk
-        )
+    job = TrainingJob(
+        module=module,
+        target=model,
+        rows_w=rows_w,
+        index=index,
+        train=Sequences(seqs, plens, feats),
+        heldout=Sequences(held_seqs, held_plens, held_feats),
+        spec=spec,
+        settings=settings,
+        budget_s=max(train_s, 1.0),
+        checkpoint=ckpt,
+        progress=progress,
+    )
+    trained = trainer.train(job)
+    state, acc = trained.state, trained.accept_rates
     tbar.close()
     module.to(model.dtype).eval()
     for p in module.parameters():
@@ -231,7 +224,7 @@ def _train(
         base_model_id=model_id,
         base_weights_sha256=weights,
         adapter_sha256=adapter_sha256,
-        spec=spec.model_dump(),
+        spec=spec,
         draft_vocab_size=len(draft_vocab),
         accept_rates=[[round(x, 4) for x in row] for row in acc],
         feature_dtype=str(model.dtype),  # features from the target as loaded: the serving dtype
@@ -264,36 +257,11 @@ def _train(
     return drafter
 
 
-def _eagle_batches(seqs, plens, feats, index, size, context) -> list[examples.EagleBatch]:
-    """Batches of similar length; each sequence keeps `context` prompt tokens before its answer
-    (features come from the full sequence, so they are exact; the draft just sees less)."""
-    cut = [max(p - context, 0) for p in plens]
-    seqs = [s[c:] for s, c in zip(seqs, cut)]
-    plens = [p - c for p, c in zip(plens, cut)]
-    feats = [f[c:] for f, c in zip(feats, cut)]
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-    out = []
-    for s in range(0, len(order), size):
-        idx = order[s : s + size]
-        out.append(
-            examples.eagle_batch(
-                [seqs[i] for i in idx], [plens[i] for i in idx], [feats[i] for i in idx], index
-            )
-        )
-    return out
-
-
-DEFAULT_EVAL_CONFIG = {
-    "medusa": {"tree_size": 10},
-    "eagle": {"depth": 5, "topk": 4, "total_tokens": 12},
-}
-
-
 def heldout_tau(
     model, tokenizer, eos_ids, drafter: Drafter, prompts, settings
 ) -> tuple[float | None, dict]:
     """Mean τ of greedy decoding of held-out prompts with the drafter (a mid-size tree)."""
-    config = DEFAULT_EVAL_CONFIG[drafter.kind]
+    config = TRAINERS.get(drafter.kind).heldout_config
     if not settings.tau_prompts:
         return None, config
     engine = Engine(model, tokenizer, eos_ids, drafters={drafter.kind: drafter})

@@ -26,3 +26,15 @@ def test_missing_file_raises(tmp_path):
     (d / "adapter_model.safetensors").unlink()
     with pytest.raises(FileNotFoundError):
         adapter_sha256(d)
+
+
+def test_format_is_name_length_bytes_of_each_file_in_order(tmp_path):
+    """Fingerprints are stored: the streamed hash equals the one over whole files it replaced."""
+    import hashlib
+
+    d = _write(tmp_path / "a", config=b'{"r": 8}', weights=bytes(range(256)) * 5000)
+    reference = hashlib.sha256()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        data = (d / name).read_bytes()
+        reference.update(f"{name}\0{len(data)}\0".encode() + data)
+    assert adapter_sha256(d) == reference.hexdigest()

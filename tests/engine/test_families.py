@@ -160,7 +160,8 @@ def _bloom():
 
 
 def test_an_unsupported_architecture_is_refused_with_the_supported_list(tmp_path, tokenizer):
-    from specserve.models.load import ModelLoadError, load_model
+    from specserve.models.catalog import ModelLoadError
+    from specserve.models.load import load_model
 
     with pytest.raises(families.UnsupportedModel, match="'bloom' is not supported.*gemma2"):
         Engine(_bloom(), tokenizer, frozenset())

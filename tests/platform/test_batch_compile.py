@@ -59,7 +59,7 @@ def _text(service, target=None, max_new=20) -> str:
         return [event async for event in service.generate(request)]
 
     events = asyncio.run(collect())
-    return "".join(e["text"] for e in events[:-1])
+    return "".join(e.text for e in events[:-1])
 
 
 def test_off_and_unmeasured_auto_stay_eager(service, tmp_path):

@@ -15,7 +15,9 @@ from specserve.engine.batch_settings import BatchSettings
 from specserve.engine.decode import Engine
 from specserve.engine.sampling import SamplingParams
 from specserve.models.load import LoadedModel
+from specserve.platform.events import Delta, Done, Usage
 from specserve.platform.service import GenerateRequest, ModelService, Overloaded, Target
+from specserve.policies.router import DrafterView
 from specserve.policies.settings import PolicySettings
 
 
@@ -66,9 +68,11 @@ def test_base_request_streams_the_engine_output(service, tiny_llama):
     expected = Engine(
         copy.deepcopy(tiny_llama(1, init_range=0.1)), WordTokenizer(), frozenset()
     ).generate([5, 9, 14, 3, 5, 9, 14, 7, 5, 9], SamplingParams(max_new_tokens=20))
-    assert "".join(e["text"] for e in deltas) == expected.text
-    assert done["usage"] == {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30}
-    assert done["specserve"]["strategy"] == "lookahead" and done["specserve"]["reason"]
+    assert all(isinstance(e, Delta) for e in deltas) and isinstance(done, Done)
+    assert "".join(e.text for e in deltas) == expected.text
+    assert done.usage == Usage(prompt_tokens=10, completion_tokens=20, total_tokens=30)
+    assert done.specserve.strategy == "lookahead" and done.specserve.reason
+    assert done.specserve.replica is None and "replica" not in done.model_dump()["specserve"]
 
 
 def test_variant_request_equals_merged_adapter(service, make_adapter, merge_adapter, tiny_llama):
@@ -78,10 +82,10 @@ def test_variant_request_equals_merged_adapter(service, make_adapter, merge_adap
     events = _run(service, _request(target))
     merged = Engine(merge_adapter(base, path), WordTokenizer(), frozenset())
     expected = merged.generate([5, 9, 14, 3, 5, 9, 14, 7, 5, 9], SamplingParams(max_new_tokens=20))
-    assert "".join(e["text"] for e in events[:-1]) == expected.text
-    done = events[-1]["specserve"]
-    assert (done["variant"], done["version"], done["strategy"]) == ("v", 1, "lookahead")
-    assert "changing" in done["reason"]
+    assert "".join(e.text for e in events[:-1]) == expected.text
+    done = events[-1].specserve
+    assert (done.variant, done.version, done.strategy) == ("v", 1, "lookahead")
+    assert "changing" in done.reason
     assert service.adapters.names == ["v@1"]
 
 
@@ -90,6 +94,21 @@ def test_busy_replica_gets_limited_config(service):
     decision, config, _ = service.choose(_request(Target(version_times=[1e6])))
     assert decision.max_draft_tokens == service.policy.busy_max_draft_tokens
     assert (config.window + config.guesses) * (config.ngram - 1) <= decision.max_draft_tokens
+
+
+def test_the_targets_policy_settings_apply_and_cross_the_wire_typed(service):
+    stable = Target(name="v", version=1, adapter_path="/a", version_times=[0.0])
+    decision, _, _ = service.choose(_request(stable))
+    assert decision.train_kind == "eagle"  # the server's own policy trains stable variants
+    quiet = stable.model_copy(update={"policy": PolicySettings(auto_train=False)})
+    decision, _, _ = service.choose(_request(quiet))
+    assert decision.train_kind is None and decision.strategy == "lookahead"
+    drafter = DrafterView(kind="eagle", state="running", tau=None, artifact_dir=None)
+    target = quiet.model_copy(update={"drafters": [drafter]})
+    request = _request(target)
+    again = GenerateRequest.model_validate(request.model_dump())  # as through a Ray handle
+    assert again == request and isinstance(again.target.policy, PolicySettings)
+    assert again.target.drafters == [drafter]
 
 
 def test_concurrent_requests_take_turns_and_all_finish(service):
@@ -106,7 +125,7 @@ def test_concurrent_requests_take_turns_and_all_finish(service):
         return await asyncio.gather(one("ar"), one("prompt_lookup"), one("lookahead"))
 
     results = asyncio.run(both())
-    texts = {r[1]["specserve"]["strategy"] for r in results}
+    texts = {r[1].specserve.strategy for r in results}
     assert texts == {"ar", "prompt_lookup", "lookahead"} and service.ongoing == 0
 
 
@@ -158,9 +177,7 @@ def test_stable_variant_with_winning_drafter_is_served_with_it_exactly(
     service.ensure_variant(Target(name="stable", version=1, adapter_path=str(path)))
     spec = EagleSpec() if kind == "eagle" else MedusaSpec(heads=3, topk=4)
     artifact = _save_drafter(random_drafter, service.adapters.model, tmp_path / kind, sha, spec)
-    drafters = [
-        {"kind": kind, "status": "succeeded", "held_out_tau": 4.0, "artifact_dir": str(artifact)}
-    ]
+    drafters = [DrafterView(kind=kind, state="succeeded", tau=4.0, artifact_dir=str(artifact))]
     target = Target(
         name="stable",
         version=1,
@@ -170,11 +187,11 @@ def test_stable_variant_with_winning_drafter_is_served_with_it_exactly(
         drafters=drafters,
     )
     events = _run(service, _request(target))
-    done = events[-1]["specserve"]
-    assert done["strategy"] == kind and "beats lookahead" in done["reason"]
+    done = events[-1].specserve
+    assert done.strategy == kind and "beats lookahead" in done.reason
     merged = Engine(merge_adapter(base, path), WordTokenizer(), frozenset())
     expected = merged.generate([5, 9, 14, 3, 5, 9, 14, 7, 5, 9], SamplingParams(max_new_tokens=20))
-    assert "".join(e["text"] for e in events[:-1]) == expected.text
+    assert "".join(e.text for e in events[:-1]) == expected.text
 
 
 def test_drafter_of_another_version_is_refused_and_lookahead_serves(
@@ -189,9 +206,7 @@ def test_drafter_of_another_version_is_refused_and_lookahead_serves(
     artifact = _save_drafter(
         random_drafter, service.adapters.model, tmp_path / "eagle", adapter_sha256(v1), EagleSpec()
     )
-    drafters = [
-        {"kind": "eagle", "status": "succeeded", "held_out_tau": 4.0, "artifact_dir": str(artifact)}
-    ]
+    drafters = [DrafterView(kind="eagle", state="succeeded", tau=4.0, artifact_dir=str(artifact))]
     target = Target(
         name="s",
         version=2,
@@ -230,7 +245,7 @@ def test_concurrent_variants_share_one_batch_and_each_equals_its_merged_model(
                 )
             )
             events = [e async for e in service.generate(_request(target, strategy, max_new=24))]
-            return name, "".join(e["text"] for e in events[:-1])
+            return name, "".join(e.text for e in events[:-1])
 
         jobs = [
             ("v0", "ar"),
@@ -272,7 +287,7 @@ def test_overload_is_refused_fast_and_admitted_requests_complete(tiny_llama, ada
             start = time.perf_counter()
             try:
                 events = [e async for e in service.generate(_request(strategy="ar", max_new=40))]
-                return "ok", events[-1]["usage"]["completion_tokens"], 0.0
+                return "ok", events[-1].usage.completion_tokens, 0.0
             except Overloaded:
                 return "overloaded", 0, time.perf_counter() - start
 
@@ -347,7 +362,7 @@ def test_request_cancelled_while_being_prepared_releases_its_adapter(
         return [e async for e in service.generate(_request(target, max_new=4))]
 
     events = asyncio.run(go())
-    assert events[-1]["usage"]["completion_tokens"] == 4
+    assert events[-1].usage.completion_tokens == 4
     assert all(r.holds == 0 for r in service.adapters._resident.values())
     assert service.ongoing == 0 and service.scheduler.active() == 0
 
@@ -386,8 +401,8 @@ def test_a_cold_adapter_loads_while_the_loop_keeps_decoding(service, make_adapte
 
     long_events, cold_events = asyncio.run(go())
     assert seen["steps"] >= 5 and seen["thread"] != service.scheduler._thread.name
-    assert cold_events[-1]["usage"]["completion_tokens"] == 4
-    assert long_events[-1]["usage"]["completion_tokens"] == 200
+    assert cold_events[-1].usage.completion_tokens == 4
+    assert long_events[-1].usage.completion_tokens == 200
     assert service.adapters.names == ["cold@1"]
 
 

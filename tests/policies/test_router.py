@@ -15,7 +15,18 @@ S = PolicySettings()
 
 
 def view(times, drafters=(), measured=None, forced=None, name="support"):
-    return VariantView(name, len(times), list(times), list(drafters), measured or {}, forced)
+    return VariantView(
+        name=name,
+        version=len(times),
+        version_times=list(times),
+        drafters=list(drafters),
+        measured_tau=measured or {},
+        forced_strategy=forced,
+    )
+
+
+def drafter(kind, state, tau=None):
+    return DrafterView(kind=kind, state=state, tau=tau)
 
 
 STABLE = [NOW - 30 * HOUR, NOW - 5 * HOUR]
@@ -23,7 +34,7 @@ STABLE = [NOW - 30 * HOUR, NOW - 5 * HOUR]
 
 def test_three_versions_inside_window_is_lookahead():
     d = decide(
-        view([NOW - 50, NOW - 30, NOW - 10], [DrafterView("eagle", "succeeded", 4.0)]), 0, S, NOW
+        view([NOW - 50, NOW - 30, NOW - 10], [drafter("eagle", "succeeded", 4.0)]), 0, S, NOW
     )
     assert d.strategy == "lookahead" and "3 versions" in d.reason
 
@@ -37,7 +48,7 @@ def test_stable_with_better_drafter_is_that_drafter():
     d = decide(
         view(
             STABLE,
-            [DrafterView("medusa", "succeeded", 2.0), DrafterView("eagle", "succeeded", 3.1)],
+            [drafter("medusa", "succeeded", 2.0), drafter("eagle", "succeeded", 3.1)],
         ),
         0,
         S,
@@ -48,14 +59,14 @@ def test_stable_with_better_drafter_is_that_drafter():
 
 def test_live_figures_override_held_out_and_prior():
     measured = {"lookahead": (2.5, 10_000), "eagle": (2.4, 10_000)}
-    d = decide(view(STABLE, [DrafterView("eagle", "succeeded", 3.5)], measured), 0, S, NOW)
+    d = decide(view(STABLE, [drafter("eagle", "succeeded", 3.5)], measured), 0, S, NOW)
     assert d.strategy == "lookahead" and "does not beat lookahead 2.50" in d.reason
 
 
 def test_too_few_live_tokens_do_not_count():
     measured = {"lookahead": (9.0, 10)}
     assert (
-        decide(view(STABLE, [DrafterView("eagle", "succeeded", 3.0)], measured), 0, S, NOW).strategy
+        decide(view(STABLE, [drafter("eagle", "succeeded", 3.0)], measured), 0, S, NOW).strategy
         == "eagle"
     )
 
@@ -65,12 +76,12 @@ def test_stable_without_drafter_queues_training_unless_off():
     assert (d.strategy, d.train_kind) == ("lookahead", "eagle") and "queueing eagle" in d.reason
     off = S.model_copy(update={"auto_train": False})
     assert decide(view(STABLE), 0, off, NOW).train_kind is None
-    running = decide(view(STABLE, [DrafterView("eagle", "running")]), 0, S, NOW)
+    running = decide(view(STABLE, [drafter("eagle", "running")]), 0, S, NOW)
     assert running.train_kind is None and "in progress" in running.reason
 
 
 def test_failed_drafter_does_not_serve():
-    d = decide(view(STABLE, [DrafterView("eagle", "failed", 5.0)]), 0, S, NOW)
+    d = decide(view(STABLE, [drafter("eagle", "failed", 5.0)]), 0, S, NOW)
     assert d.strategy == "lookahead"
 
 
@@ -80,15 +91,13 @@ def test_forced_strategy_wins_even_under_load():
 
 
 def test_busy_shortens_drafts_and_saturated_stops_speculation():
-    busy = decide(view(STABLE, [DrafterView("eagle", "succeeded", 3.0)]), S.busy_ongoing, S, NOW)
+    busy = decide(view(STABLE, [drafter("eagle", "succeeded", 3.0)]), S.busy_ongoing, S, NOW)
     assert (
         busy.strategy == "eagle"
         and busy.max_draft_tokens == S.busy_max_draft_tokens
         and "busy" in busy.reason
     )
-    full = decide(
-        view(STABLE, [DrafterView("eagle", "succeeded", 3.0)]), S.saturated_ongoing, S, NOW
-    )
+    full = decide(view(STABLE, [drafter("eagle", "succeeded", 3.0)]), S.saturated_ongoing, S, NOW)
     assert full.strategy == "ar" and "saturated" in full.reason
 
 
@@ -97,7 +106,9 @@ def test_base_model_never_queues_training():
 
 
 def test_settings_validate_and_load_the_shipped_file():
-    shipped = PolicySettings.from_yaml(Path(__file__).parents[2] / "specserve" / "configs" / "policy.yaml")
+    shipped = PolicySettings.from_yaml(
+        Path(__file__).parents[2] / "specserve" / "configs" / "policy.yaml"
+    )
     assert shipped == PolicySettings()
     with pytest.raises(ValueError, match="stabilty"):
         PolicySettings.model_validate({"stabilty_window_s": 5})

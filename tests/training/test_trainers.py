@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specserve.engine.drafters.artifact import build_module
-from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
+from specserve.engine.drafters.specs import EagleSpec, MedusaSpec
 from specserve.engine.drafters.vocab import head_rows
 from specserve.training import examples, trainers
 from specserve.training.data import teacher_features

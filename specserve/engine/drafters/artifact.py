@@ -2,7 +2,8 @@
 
 `save_drafter` writes both; `load_drafter` checks the manifest against the served model (base
 model id and weights hash, adapter fingerprint) and refuses a mismatch with `DrafterMismatchError`
-naming what differs, so a drafter never silently drafts garbage for another model.
+naming what differs, so a drafter never silently drafts garbage for another model. The manifest's
+spec must be its kind's (`drafters.specs`); the module comes from that kind's `DRAFTER_KINDS` entry.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from safetensors.torch import load_file, save_file
+from torch import nn
 
-from specserve.engine.drafters.modules import EagleDraft, EagleSpec, MedusaHeads, MedusaSpec
+from specserve.engine.drafters.specs import DrafterSpec, KindName
+from specserve.engine.proposers import DRAFTER_KINDS
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -33,11 +35,11 @@ class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format_version: int = FORMAT_VERSION
-    kind: Literal["medusa", "eagle"]
+    kind: KindName
     base_model_id: str
     base_weights_sha256: str
     adapter_sha256: str | None
-    spec: dict  # MedusaSpec / EagleSpec fields
+    spec: DrafterSpec
     draft_vocab_size: int
     accept_rates: list[list[float]] = Field(
         description="held-out acc[d][r]: rank-r candidate at depth d + 1 is the target's token"
@@ -47,8 +49,14 @@ class Manifest(BaseModel):
     feature_dtype: str | None = None
     training: dict = Field(default_factory=dict)  # data description, sizes, time, steps
     created_at: str = Field(
-        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat()
+        default_factory=lambda: datetime.datetime.now(datetime.UTC).isoformat()
     )
+
+    @model_validator(mode="after")
+    def _spec_of_its_kind(self) -> Manifest:
+        if self.spec.kind != self.kind:
+            raise ValueError(f"manifest of kind {self.kind!r} holds a {self.spec.kind!r} spec")
+        return self
 
 
 @dataclass
@@ -56,8 +64,8 @@ class Drafter:
     """A drafter bound to the target it was checked against."""
 
     manifest: Manifest
-    spec: MedusaSpec | EagleSpec
-    module: MedusaHeads | EagleDraft
+    spec: DrafterSpec
+    module: nn.Module  # the kind's module (`DRAFTER_KINDS.get(kind).build_module`)
     draft_vocab: torch.Tensor  # [v] token ids the draft LM head scores
     target: object  # the served model (frozen embedding, LM head and rotary come from it)
     notes: list[str] = field(default_factory=list)  # served, but not as trained (e.g. the dtype)
@@ -93,19 +101,9 @@ def base_weights_sha256(model) -> str:
     return digest.hexdigest()
 
 
-def build_module(model, spec: MedusaSpec | EagleSpec):
-    if isinstance(spec, MedusaSpec):
-        return MedusaHeads(model.config.hidden_size, spec).to(model.dtype)
-    return EagleDraft(model, spec).to(model.dtype)
-
-
-def parse_spec(spec: dict) -> MedusaSpec | EagleSpec:
-    kind = spec.get("kind")
-    if kind == "medusa":
-        return MedusaSpec.model_validate(spec)
-    if kind == "eagle":
-        return EagleSpec.model_validate(spec)
-    raise ValueError(f"drafter spec: unknown kind {kind!r}; valid kinds: eagle, medusa")
+def build_module(model, spec: DrafterSpec) -> nn.Module:
+    """The untrained module of `spec`'s kind for `model`, in the model's dtype."""
+    return DRAFTER_KINDS.get(spec.kind).build_module(model, spec).to(model.dtype)
 
 
 def save_drafter(out_dir: Path, manifest: Manifest, module, draft_vocab: torch.Tensor) -> Path:
@@ -164,8 +162,7 @@ def load_drafter(
             f"drafter {path}: format_version {manifest.format_version}, expected {FORMAT_VERSION}"
         )
     check_manifest(manifest, model_id, weights_sha256 or base_weights_sha256(model), adapter_sha256)
-    spec = parse_spec(manifest.spec)
-    module = build_module(model, spec)
+    module = build_module(model, manifest.spec)
     tensors = load_file(str(Path(path) / WEIGHTS))
     vocab = tensors.pop("draft_vocab")
     module.load_state_dict(tensors)
@@ -173,7 +170,12 @@ def load_drafter(
     for p in module.parameters():
         p.requires_grad_(False)
     return Drafter(
-        manifest, spec, module, vocab.to(model.device), model, dtype_notes(manifest, model)
+        manifest,
+        manifest.spec,
+        module,
+        vocab.to(model.device),
+        model,
+        dtype_notes(manifest, model),
     )
 
 

@@ -1,5 +1,5 @@
 """Size a drafter's tree to the device: price the drafter's own forward against the target's
-cost curve and pick the tree maximizing expected τ / step cost (`trees.choose_tree_size`).
+cost curve and pick the tree maximizing expected τ / step cost (each kind's `tree_config`).
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ import torch
 
 from specserve.engine.cost import CostCurve
 from specserve.engine.drafters.artifact import Drafter
-from specserve.engine.drafters.modules import additive_mask
-from specserve.engine.drafters.trees import choose_tree_size, greedy_tree
 from specserve.engine.drafters.vocab import head_rows
+from specserve.engine.proposers import DRAFTER_KINDS
 
 
 def tree_config(
@@ -24,20 +23,7 @@ def tree_config(
     Example: a flat curve (every width costs the same) and acc 0.8 at every depth gives a big
     tree; the 2-core CPU curve (2 rows cost 1.6x one) a small one.
     """
-    if kind == "medusa":
-        size, speed = choose_tree_size(acc, curve.relative, max_size, draft_fixed_cost=step_cost)
-        return {"tree_size": max(size, 1), "predicted_speedup": round(speed, 3)}
-    size, speed = choose_tree_size(acc, curve.relative, max_size, draft_step_cost=step_cost)
-    size = max(size, 1)
-    paths = [p for p, _ in greedy_tree(acc, size)]
-    depth = max(len(p) for p in paths)
-    topk = min(max(2, 1 + max(r for p in paths for r in p)), 8)
-    return {
-        "depth": depth,
-        "topk": topk,
-        "total_tokens": size,
-        "predicted_speedup": round(speed, 3),
-    }
+    return DRAFTER_KINDS.get(kind).tree_config(acc, curve, step_cost, max_size)
 
 
 @torch.inference_mode()
@@ -46,24 +32,14 @@ def measure_step_cost(
 ) -> float:
     """Median wall time of one draft level over `rows` nodes (EAGLE: the layer + draft LM head;
     Medusa: all heads + LM head for one feature), relative to the curve's 1-token forward."""
-    target = drafter.target
-    hidden = target.config.hidden_size
-    w = head_rows(target, drafter.draft_vocab)
-    dev, dtype = w.device, w.dtype
+    draft_level = DRAFTER_KINDS.get(drafter.kind).draft_level
+    w = head_rows(drafter.target, drafter.draft_vocab)
     times = []
     for _ in range(repeats + 2):
         t0 = time.perf_counter()
-        if drafter.kind == "medusa":
-            _ = drafter.module(torch.zeros(hidden, device=dev, dtype=dtype)) @ w.T
-        else:
-            q = rows
-            e = torch.zeros(1, q, hidden, device=dev, dtype=dtype)
-            mask = additive_mask(torch.ones(q, q, dtype=torch.bool, device=dev), dtype)[None, None]
-            pos = torch.zeros(1, q, dtype=torch.long, device=dev)
-            h = drafter.module(e, e, mask, pos, target, None)
-            _ = torch.log_softmax((h[0] @ w.T).float(), dim=-1)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
+        draft_level(drafter, w, rows)
+        if w.device.type == "cuda":
+            torch.cuda.synchronize(w.device)
         times.append(time.perf_counter() - t0)
     times = sorted(times[2:])
     return times[len(times) // 2] * 1000 / curve.ms[min(curve.ms)]

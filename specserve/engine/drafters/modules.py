@@ -1,4 +1,4 @@
-"""The trainable drafter modules and their configs: Medusa-1 heads and the EAGLE draft layer.
+"""The trainable drafter modules: Medusa-1 heads and the EAGLE draft layer (their specs: `specs`).
 
 Both read the target's hidden features and reuse its frozen LM head (restricted to a draft
 vocabulary: frequent tokens plus the request's prompt tokens); EAGLE also reuses the frozen
@@ -8,40 +8,12 @@ token embedding and instantiates one decoder layer of the target's own class.
 from __future__ import annotations
 
 import copy
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from specserve.engine import hf_internals
-
-
-class MedusaSpec(BaseModel):
-    """What a Medusa artifact holds (besides weights)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["medusa"] = "medusa"
-    heads: int = Field(4, ge=1, description="head k drafts the token k + 2 positions ahead")
-    topk: int = Field(8, ge=1, description="candidates per head the static tree may use")
-    own_head: int = Field(
-        0,
-        ge=0,
-        description="0: every head shares the frozen LM head; n > 0: each head has its own "
-        "trainable LM head over the n-token draft vocabulary (initialized from the frozen one)",
-    )
-
-
-class EagleSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["eagle"] = "eagle"
-    feature_layers: tuple[int, ...] = Field(
-        (-1,),
-        description="target layers fused as the draft's input feature: (-1,) is EAGLE-1/2's "
-        "final feature; (low, mid, -1) is EAGLE-3's fusion (see hf_internals.hidden_features)",
-    )
+from specserve.engine.drafters.specs import EagleSpec, MedusaSpec
 
 
 class ResBlock(nn.Module):

@@ -1,4 +1,5 @@
-"""Proposers: each turns request state into a `Draft`; importing this package registers them."""
+"""Proposers: each turns request state into a `Draft`; importing this package registers them and
+the drafter kinds (`DRAFTER_KINDS`) that the trained-drafter strategies draft with."""
 
 from specserve.engine.proposers import ar, eagle, lookahead, medusa, prompt_lookup  # noqa: F401
 from specserve.engine.proposers.base import (
@@ -8,5 +9,14 @@ from specserve.engine.proposers.base import (
     ProposerContext,
     Strategy,
 )
+from specserve.engine.proposers.kinds import DRAFTER_KINDS, DrafterKind
 
-__all__ = ["REGISTRY", "FeatureProposer", "Proposer", "ProposerContext", "Strategy"]
+__all__ = [
+    "DRAFTER_KINDS",
+    "REGISTRY",
+    "DrafterKind",
+    "FeatureProposer",
+    "Proposer",
+    "ProposerContext",
+    "Strategy",
+]

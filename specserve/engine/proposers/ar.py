@@ -24,4 +24,4 @@ def _build(config: ARConfig, ctx: ProposerContext) -> ARProposer:
     return ARProposer()
 
 
-AR = REGISTRY.register(Strategy("ar", ARConfig, _build, "autoregressive, no draft"))
+AR = REGISTRY.register(Strategy("ar", ARConfig, _build))

@@ -1,14 +1,15 @@
-"""The proposer contract and the strategy registry.
+"""The proposer contract, name registries and the strategy registry.
 
 A proposer holds one request's drafting state; it only proposes a `Draft` and observes what the
-verifier committed. Strategies are looked up by name; unknown names list the valid ones.
+verifier committed. Strategies (and drafter kinds) are looked up by name; unknown names list the
+valid ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -24,7 +25,6 @@ class ProposerContext:
     vocab_size: int
     seed: int = 0
     pool: NGramPool | None = None  # shared n-gram pool (per variant@version), if any
-    extras: dict = field(default_factory=dict)
     drafter: object | None = None  # trained drafter for this strategy (Medusa / EAGLE), if any
 
 
@@ -56,37 +56,56 @@ class Strategy:
     name: str
     config_type: type[BaseModel]
     build: Callable[[BaseModel, ProposerContext], Proposer]
-    summary: str = ""
     # limit(config, k) -> a config drafting at most k tokens per step (k >= 1); None: drafts nothing
     limit: Callable[[BaseModel, int], BaseModel] | None = None
+
+
+class Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+T = TypeVar("T", bound=Named)
+
+
+class Registry(Generic[T]):
+    """Name -> entry, each name registered once; `get` of an unknown name fails listing the valid
+    ones. `what` / `plural` name the entries in messages ("strategy" / "strategies")."""
+
+    def __init__(self, what: str, plural: str, error: type[ValueError] = ValueError) -> None:
+        self._what = what
+        self._plural = plural
+        self._error = error
+        self._entries: dict[str, T] = {}
+
+    def register(self, entry: T) -> T:
+        if entry.name in self._entries:
+            raise ValueError(f"{self._what} {entry.name!r} is already registered")
+        self._entries[entry.name] = entry
+        return entry
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def get(self, name: str) -> T:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise self._error(
+                f"{self._what}: unknown {self._what} {name!r}; "
+                f"valid {self._plural}: {', '.join(self.names())}"
+            ) from None
 
 
 class UnknownStrategyError(ValueError):
     pass
 
 
-class StrategyRegistry:
+class StrategyRegistry(Registry[Strategy]):
     """Name -> Strategy. One instance (`REGISTRY`) holds the built-in strategies."""
 
     def __init__(self) -> None:
-        self._strategies: dict[str, Strategy] = {}
-
-    def register(self, strategy: Strategy) -> Strategy:
-        if strategy.name in self._strategies:
-            raise ValueError(f"strategy {strategy.name!r} is already registered")
-        self._strategies[strategy.name] = strategy
-        return strategy
-
-    def names(self) -> list[str]:
-        return sorted(self._strategies)
-
-    def get(self, name: str) -> Strategy:
-        try:
-            return self._strategies[name]
-        except KeyError:
-            raise UnknownStrategyError(
-                f"strategy: unknown strategy {name!r}; valid strategies: {', '.join(self.names())}"
-            ) from None
+        super().__init__("strategy", "strategies", UnknownStrategyError)
 
     def limited(self, name: str, config: BaseModel, max_draft_tokens: int) -> BaseModel:
         """`config` cut to draft at most `max_draft_tokens` (>= 1) per step (load shedding)."""

@@ -129,6 +129,4 @@ def limit(config: LookaheadConfig, k: int) -> LookaheadConfig:
     return config.model_copy(update={"ngram": ngram, "window": window, "guesses": guesses})
 
 
-LOOKAHEAD = REGISTRY.register(
-    Strategy("lookahead", LookaheadConfig, _build, "Jacobi lookahead branch + n-gram pool", limit)
-)
+LOOKAHEAD = REGISTRY.register(Strategy("lookahead", LookaheadConfig, _build, limit))

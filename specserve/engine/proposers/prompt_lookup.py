@@ -90,8 +90,4 @@ def limit(config: PromptLookupConfig, k: int) -> PromptLookupConfig:
     return config.model_copy(update=update)
 
 
-PROMPT_LOOKUP = REGISTRY.register(
-    Strategy(
-        "prompt_lookup", PromptLookupConfig, _build, "n-gram match over prompt and output", limit
-    )
-)
+PROMPT_LOOKUP = REGISTRY.register(Strategy("prompt_lookup", PromptLookupConfig, _build, limit))

@@ -20,16 +20,9 @@ from specserve.adapters.validate import BaseModelSpec, validate_adapter
 from specserve.adapters.variants import VariantKey
 from specserve.engine.proposers import REGISTRY
 from specserve.platform.api.openai_api import ApiError
-from specserve.platform.state.registry import (
-    MAX_PAGE,
-    Acceptance,
-    DrafterStatus,
-    Registry,
-    UnknownVariant,
-    VariantInfo,
-    VariantSpec,
-)
-from specserve.policies.router import DrafterView, VariantView, decide
+from specserve.platform.state.records import DrafterStatus, VariantSpec, VariantState
+from specserve.platform.state.registry import MAX_PAGE, Registry, UnknownVariant
+from specserve.policies.router import decide
 from specserve.policies.settings import PolicySettings
 
 
@@ -86,7 +79,7 @@ class Admin:
 
     def policy(self) -> PolicySettings:
         stored = self.registry.policy_settings()
-        return PolicySettings.model_validate(stored) if stored else self.default_policy
+        return self.default_policy if stored is None else stored
 
     def register(self, body: RegisterBody) -> dict:
         spec = self.base_specs.get(body.base_model)
@@ -120,23 +113,14 @@ class Admin:
         }
 
     def show(self, name: str) -> dict:
-        info = self._info(name)
-        key = info.current.key
-        return _describe(
-            info, self.registry.drafters(key), self.registry.acceptance(key), self.policy()
-        )
+        return _describe(self._variant(name), self.policy())
 
     def list_page(self, limit: int = DEFAULT_PAGE, after: str | None = None) -> dict:
         """One page of `show`s in name order, OpenAI-list style; a fixed number of store reads
         per page (not per variant)."""
         page = self.registry.page(limit, after)
-        keys = [info.current.key for info in page.variants]
-        drafters, acceptance = self.registry.drafters_of(keys), self.registry.acceptance_of(keys)
         policy = self.policy()
-        shown = [
-            _describe(info, d, a, policy)
-            for info, d, a in zip(page.variants, drafters, acceptance, strict=True)
-        ]
+        shown = [_describe(state, policy) for state in page.variants]
         return {
             "object": "list",
             "variants": shown,
@@ -145,16 +129,17 @@ class Admin:
             "last_id": shown[-1]["name"] if shown else None,
         }
 
-    def _info(self, name: str):
+    def _variant(self, name: str) -> VariantState:
+        """The variant `name` (its current version); 404 if there is none."""
         try:
-            return self.registry.show(name)
+            return self.registry.variant(name)
         except (UnknownVariant, ValueError):
             raise ApiError(
                 404, f"unknown variant {name!r}", param="name", code="variant_not_found"
             ) from None
 
     def set_strategy(self, name: str, body: StrategyBody) -> dict:
-        self._info(name)
+        self._variant(name)
         if body.strategy is not None:
             try:
                 REGISTRY.get(body.strategy)
@@ -168,11 +153,11 @@ class Admin:
             settings = PolicySettings.model_validate(self.policy().model_dump() | body)
         except ValueError as err:
             raise ApiError(400, str(err), code="invalid_policy") from None
-        self.registry.set_policy_settings(settings.model_dump())
+        self.registry.set_policy_settings(settings)
         return settings.model_dump()
 
     def train(self, name: str, body: TrainBody) -> dict:
-        current = self._info(name).current
+        current = self._variant(name).current
         if self.jobs is None:
             raise ApiError(
                 503,
@@ -214,7 +199,7 @@ class Admin:
         return True
 
     def cancel(self, name: str, kind: str) -> dict:
-        current = self._info(name).current
+        current = self._variant(name).current
         status = self.registry.drafter(current.key, kind)
         if status is None or status.state not in ("queued", "running"):
             raise ApiError(409, f"no {kind} training running for {current.key}", code="not_running")
@@ -244,7 +229,7 @@ def admin_router(admin: Admin) -> APIRouter:
 
     @router.delete("/variants/{name}")
     def delete(name: str):
-        admin._info(name)
+        admin._variant(name)
         admin.registry.delete(name)
         return {"deleted": name}
 
@@ -258,10 +243,7 @@ def admin_router(admin: Admin) -> APIRouter:
 
     @router.get("/variants/{name}/drafters")
     def drafters(name: str):
-        return {
-            k: d.model_dump()
-            for k, d in admin.registry.drafters(admin._info(name).current.key).items()
-        }
+        return {k: d.model_dump() for k, d in admin._variant(name).drafters.items()}
 
     @router.delete("/variants/{name}/drafters/{kind}")
     def cancel(name: str, kind: str):
@@ -278,33 +260,19 @@ def admin_router(admin: Admin) -> APIRouter:
     return router
 
 
-def _describe(
-    info: VariantInfo,
-    drafters: dict[str, DrafterStatus],
-    acceptance: dict[str, Acceptance],
-    policy: PolicySettings,
-) -> dict:
+def _describe(state: VariantState, policy: PolicySettings) -> dict:
     """What `show` answers for one variant: versions, override, the policy's decision now."""
-    current = info.current
-    view = VariantView(
-        info.name,
-        current.version,
-        [v.created_at for v in info.versions],
-        [DrafterView(k, d.state, d.tau) for k, d in drafters.items()],
-        {s: (a.tau or 0.0, a.tokens) for s, a in acceptance.items()},
-        info.override,
-    )
-    decision = decide(view, 0, policy, time.time())
+    decision = decide(state.policy_view(), 0, policy, time.time())
     return {
-        "name": info.name,
-        "versions": [v.model_dump() for v in info.versions],
-        "current_version": current.version,
-        "override": info.override,
+        "name": state.name,
+        "versions": [v.model_dump() for v in state.versions],
+        "current_version": state.version,
+        "override": state.override,
         "strategy": decision.strategy,
         "reason": decision.reason,
-        "drafters": {k: d.model_dump() for k, d in drafters.items()},
+        "drafters": {k: d.model_dump() for k, d in state.drafters.items()},
         "acceptance": {
             s: a.model_dump() | {"tau": a.tau, "acceptance_rate": a.acceptance_rate}
-            for s, a in acceptance.items()
+            for s, a in state.acceptance.items()
         },
     }

@@ -11,6 +11,8 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from specserve.platform.events import Done
+
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5)
 MAX_DEPTH_LABEL = 16
@@ -155,26 +157,26 @@ class Metrics:
         self,
         endpoint: str,
         base_model: str,
-        done: dict,
+        done: Done,
         latency: float,
         ttft: float | None,
         itls: list[float],
     ) -> None:
         """Record a finished request from its final event (see ModelService)."""
-        info = done["specserve"]
-        labels = (base_model, self.variant_label(info["variant"]), info["strategy"])
+        info = done.specserve
+        labels = (base_model, self.variant_label(info.variant), info.strategy)
         self.requests.labels(*labels, endpoint).inc()
         self.latency.labels(*labels).observe(latency)
         if ttft is not None:
             self.ttft.labels(*labels).observe(ttft)
         for gap in itls:
             self.itl.labels(*labels).observe(gap)
-        self.tokens.labels(*labels).inc(done["usage"]["completion_tokens"])
-        self.capped_steps.labels(*labels).inc(info.get("load_capped_steps", 0))
-        self.forwards.labels(*labels).inc(info["forwards"])
-        for depth, count in enumerate(info["drafted_by_depth"][:MAX_DEPTH_LABEL], 1):
+        self.tokens.labels(*labels).inc(done.usage.completion_tokens)
+        self.capped_steps.labels(*labels).inc(info.load_capped_steps)
+        self.forwards.labels(*labels).inc(info.forwards)
+        for depth, count in enumerate(info.drafted_by_depth[:MAX_DEPTH_LABEL], 1):
             self.drafted.labels(*labels, str(depth)).inc(count)
-        for depth, count in enumerate(info["accepted_by_depth"][:MAX_DEPTH_LABEL], 1):
+        for depth, count in enumerate(info.accepted_by_depth[:MAX_DEPTH_LABEL], 1):
             self.accepted.labels(*labels, str(depth)).inc(count)
 
     def observe_error(self, endpoint: str, status: int, code: str | None) -> None:

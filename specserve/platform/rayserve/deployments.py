@@ -1,7 +1,7 @@
-"""The Ray Serve application of specserve/configs/serve.yaml: `build_app(args)` wires a `Gateway` ingress and
-one `ModelServer-<model>` per base model; requests for a variant are multiplexed by variant@version
-so they go to replicas that already hold its adapter, Serve's per-replica cache sized by the
-replica's resident-adapter budget. The builder loads nothing itself.
+"""The Ray Serve application of specserve/configs/serve.yaml: `build_app(args)` wires a `Gateway`
+ingress and one `ModelServer-<model>` per base model (built by platform/serving.py); requests for a
+variant are multiplexed by variant@version to replicas that hold its adapter, Serve's per-replica
+cache and the resident set counting to one number (`variant_cache`). The builder loads nothing.
 """
 
 from __future__ import annotations
@@ -11,14 +11,15 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from ray import serve
 
+from specserve.platform.rayserve.backend import ServeBackend
+from specserve.platform.rayserve.stores import platform_stores
 from specserve.platform.settings import PlatformSettings
 
 log = logging.getLogger(__name__)
-STORE_ACTOR = "specserve-store"
 
 
 def build_app(args: dict, deployments: list[dict] | None = None) -> serve.Application:
@@ -39,20 +40,6 @@ def build_app(args: dict, deployments: list[dict] | None = None) -> serve.Applic
     )
 
 
-def platform_stores(settings: PlatformSettings):
-    """(registry store, pool store): the Redis of REDIS_URL / SPECSERVE_POOL_REDIS_URL, else one
-    in-cluster MemoryStore in a named Ray actor shared by every replica."""
-    from specserve.platform.state.embedded import StoreSettings, ray_memory_store, resolve_store
-
-    if settings.redis_url:
-        stores = resolve_store(
-            StoreSettings(redis_url=settings.redis_url, pool_redis_url=settings.pool_redis_url)
-        )
-        return stores.registry, stores.pools
-    store = ray_memory_store(STORE_ACTOR)
-    return store, store
-
-
 @serve.deployment
 class ModelServer:
     """One base model: loads it, serves its variants through ModelService, syncs n-gram pools."""
@@ -60,78 +47,31 @@ class ModelServer:
     def __init__(self, model_id: str, args: dict) -> None:
         import torch
 
-        from specserve.adapters.resident import ResidentAdapters, base_model_names
-        from specserve.adapters.settings import AdapterLimits
-        from specserve.adapters.variants import PoolBook
-        from specserve.engine.tuning import cached_choices
-        from specserve.models.load import default_cache_dir, load_model
         from specserve.platform.batch_compile import BatchCompile
-        from specserve.platform.service import ModelService
+        from specserve.platform.serving import build_service, platform_cache_dir
         from specserve.platform.state.pool_sync import PoolSync
-        from specserve.policies.settings import PolicySettings
 
         settings = PlatformSettings.from_args(args)
         torch.set_num_threads(settings.resolved_torch_threads())
-        source = settings.model_dirs.get(model_id, model_id)
-        loaded = load_model(
-            str(source),
-            device=settings.device,
-            dtype=settings.dtype,
-            cache_dir=settings.cache_dir,
-            workload=settings.dtype_workload(),
-        )
-        loaded.model_id = model_id  # the served name, whatever directory it came from
+        self.service = build_service(settings, model_id)
+        loaded = self.service.loaded
         self.dtype = {"dtype": str(loaded.dtype)} | (
             {"dtype_reason": loaded.dtype_choice.reason} if loaded.dtype_choice else {}
         )
-        log.info("model %s in %s", model_id, self.dtype)
-        limits = AdapterLimits(
-            root=settings.resolved_adapter_root(),
-            max_resident=settings.max_adapters_per_replica,
-            resident_memory_fraction=settings.adapter_memory_fraction,
-        )
-        adapters = ResidentAdapters(loaded.model, base_model_names(model_id), limits)
-        self.capacity = adapters.capacity  # Serve's cache and ours count the same adapters
-        log.info(
-            "%s: adapter budget %d MiB, %d adapters of rank 8",
-            model_id,
-            adapters.budget_bytes >> 20,
-            self.capacity,
-        )
-        cache_dir = settings.cache_dir or default_cache_dir()
-        curve, configs = cached_choices(
-            cache_dir, model_id, loaded.device, loaded.dtype, ["lookahead", "prompt_lookup"]
-        )
-        pools = PoolBook(journal_size=4096)
         _, pool_store = platform_stores(settings)
-        self.sync = PoolSync(pool_store, pools, base_model=model_id).start()
-        policy = PolicySettings.from_yaml(settings.resolved_policy_file())
-        self.service = ModelService(
-            loaded,
-            adapters,
-            pools,
-            policy,
-            configs,
-            curve.padded_width if curve else None,
-            curve=curve,
-            batch=settings.batch,
-        ).start()
+        self.sync = PoolSync(pool_store, self.service.pools, base_model=model_id).start()
         # the batched forward compiles in the background (minutes on a CPU); eager until warm
+        cache_dir = platform_cache_dir(settings)
         self.compile = BatchCompile().start(self.service, settings.compile, model_id, cache_dir)
         self.model_id = model_id
         self.replica = serve.get_replica_context().replica_id.unique_id
         self._warm: set = set()
-        service = self.service
-
-        async def hold_here(key: str) -> _Held:
-            """Serve's routing hook: marks `key` as held here (ModelService loads the adapter);
-            when Serve's cache drops it, so does the resident set (if no request holds it)."""
-            return _Held(key, service)
-
-        self.variant = serve.multiplexed(max_num_models_per_replica=self.capacity)(hold_here)
+        self.variant = variant_cache(self.service)
         gc.freeze()  # the loaded model's objects leave the collector's scans (0.5 s pauses)
 
     async def generate(self, request: dict) -> AsyncIterator[dict]:
+        """The events of ModelService.generate as dicts (`parse_event` reads them back)."""
+        from specserve.platform.events import Done
         from specserve.platform.service import GenerateRequest
 
         req = GenerateRequest.model_validate(request)
@@ -143,15 +83,16 @@ class ModelServer:
                 self._warm.add(req.target.key)
                 await asyncio.to_thread(self.sync.warm_start, req.target.key, 0.5)
         async for event in self.service.generate(req):
-            if event.get("type") == "done":  # which replica served it (routing is observable)
-                event["specserve"]["replica"] = self.replica
-            yield event
+            if isinstance(event, Done):  # which replica served it (routing is observable)
+                event = event.served_by(self.replica)
+            yield event.model_dump()
 
     def stats(self) -> dict:
         health = self.sync.health()
         stats = self.service.stats() | {"pool_sync_ok": health.get("status") == "ok"}
         compile_state = {f"compile_{k}": v for k, v in self.compile.state.model_dump().items()}
-        return stats | self.dtype | compile_state | {"variant_cache_size": self.capacity}
+        cache_size = {"variant_cache_size": self.service.adapters.capacity}
+        return stats | self.dtype | compile_state | cache_size
 
     def __del__(self) -> None:
         sync = getattr(self, "sync", None)
@@ -160,6 +101,18 @@ class ModelServer:
         service = getattr(self, "service", None)
         if service is not None:
             service.stop()
+
+
+def variant_cache(service) -> Callable[[str], Awaitable[_Held]]:
+    """Serve's multiplexing cache of a replica's variants (`await cache(key)` marks `key` held
+    here; ModelService loads the adapter): as large as the resident set may grow, its
+    `capacity`, which serving.resident_adapters makes the set's count cap too. Serve dropping a
+    variant evicts its adapter (unless a request holds it)."""
+
+    async def hold_here(key: str) -> _Held:
+        return _Held(key, service)
+
+    return serve.multiplexed(max_num_models_per_replica=service.adapters.capacity)(hold_here)
 
 
 class _Held:
@@ -180,43 +133,6 @@ class _Held:
             self.service.release_variant(self.key)
 
 
-class ServeBackend:
-    """Backend over deployment handles: streams, multiplexed by variant@version."""
-
-    def __init__(self, servers: dict) -> None:
-        self.servers = servers
-
-    async def stream(self, base_model: str, request) -> AsyncIterator[dict]:
-        from ray.serve.exceptions import BackPressureError
-
-        from specserve.platform.backend import Overloaded
-
-        key = request.target.key
-        handle = self.servers[base_model].options(
-            stream=True, multiplexed_model_id=str(key) if key else ""
-        )
-        try:
-            async for event in handle.generate.remote(request.model_dump()):
-                yield event
-        except Exception as err:
-            # Serve's queue (BackPressureError) or the replica's engine queue (Overloaded, which
-            # reaches us wrapped in a RayTaskError whose `cause` it is)
-            if isinstance(err, BackPressureError | Overloaded) or isinstance(
-                getattr(err, "cause", None), Overloaded
-            ):
-                raise Overloaded(f"{base_model}: {err}") from None
-            raise
-
-    async def replica_stats(self) -> dict[str, dict]:
-        out = {}
-        for model, handle in self.servers.items():
-            try:
-                out[f"{model}/any"] = await handle.stats.remote()
-            except Exception as err:  # noqa: BLE001 - stats are best effort, any replica failure
-                log.warning("stats of %s: %s", model, err)
-        return out
-
-
 @serve.deployment
 @serve.ingress(None)
 class GatewayDeployment:
@@ -229,6 +145,7 @@ class GatewayDeployment:
         from specserve.platform.api.gateway import Gateway, create_app
         from specserve.platform.api.metrics import Metrics
         from specserve.platform.rayserve.jobs import RayJobs
+        from specserve.platform.serving import base_spec
         from specserve.platform.state.registry import Registry
         from specserve.policies.settings import PolicySettings
 
@@ -238,7 +155,7 @@ class GatewayDeployment:
         gateway = Gateway(settings, registry, ServeBackend(servers), Metrics())
         token = settings.admin_token.get_secret_value() if settings.admin_token else None
         limits = AdapterLimits(root=settings.resolved_adapter_root())
-        specs = {m: _base_spec(m, settings) for m in settings.models}
+        specs = {m: base_spec(settings, m) for m in settings.models}
         policy = PolicySettings.from_yaml(settings.resolved_policy_file())
         admin = Admin(registry, token, specs, limits, policy, RayJobs(args))
         gateway.on_train = admin.auto_train  # the policy's requests for drafters start jobs
@@ -248,21 +165,3 @@ class GatewayDeployment:
 
     def __serve_build_asgi_app__(self):
         return self.fastapi_app
-
-
-def _base_spec(model_id: str, settings: PlatformSettings):
-    """Module shapes of a base model from its config alone (meta device: no weights, no memory)."""
-    import torch
-    import transformers
-
-    from specserve.adapters.resident import base_model_names
-    from specserve.adapters.validate import BaseModelSpec
-    from specserve.models.load import default_cache_dir, pull_model
-
-    model_dir = settings.model_dirs.get(model_id) or pull_model(
-        model_id, settings.cache_dir or default_cache_dir()
-    )
-    config = transformers.AutoConfig.from_pretrained(model_dir)
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
-    return BaseModelSpec.of(model, base_model_names(model_id))

@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 
 from specserve.adapters.variants import VariantKey
+from specserve.platform.rayserve.stores import platform_stores
 from specserve.platform.settings import PlatformSettings
 from specserve.platform.state.registry import DrafterStatus, Registry, VersionRecord
 
@@ -21,9 +22,9 @@ log = logging.getLogger(__name__)
 
 def drafter_dir(settings: PlatformSettings, key: VariantKey, kind: str) -> Path:
     """Where a variant@version's drafter of `kind` lives: <cache>/drafters/<name>@<version>/<kind>."""
-    from specserve.models.load import default_cache_dir
+    from specserve.platform.serving import platform_cache_dir
 
-    return (settings.cache_dir or default_cache_dir()) / "drafters" / str(key) / kind
+    return platform_cache_dir(settings) / "drafters" / str(key) / kind
 
 
 class _ProgressBar:
@@ -53,15 +54,10 @@ class _ProgressBar:
         """tqdm's API; nothing to release."""
 
 
-def run_drafter_job(
-    record: dict, kind: str, budget_minutes: float | None, args: dict, overrides: dict | None = None
-) -> dict:
-    """Train a `kind` drafter for the variant version `record` (its adapter on its base model);
-    `overrides`: DrafterTrainSettings fields (prompts, max_new_tokens, ...)."""
-    from specserve.adapters.resident import ResidentAdapters, base_model_names
-    from specserve.adapters.settings import AdapterLimits
-    from specserve.models.load import load_model
-    from specserve.platform.rayserve.deployments import platform_stores
+def run_drafter_job(record: dict, kind: str, budget_minutes: float | None, args: dict) -> dict:
+    """Train a `kind` drafter for the variant version `record` (its adapter on its base model,
+    loaded as a replica loads it)."""
+    from specserve.platform.serving import TargetSettings, load_target
     from specserve.training.run import DrafterTrainSettings, train_drafter
 
     version = VersionRecord.model_validate(record)
@@ -70,17 +66,8 @@ def run_drafter_job(
     key = version.key
     registry.set_drafter(key, DrafterStatus(kind=kind, state="running", progress=0.0))
     try:
-        source = settings.model_dirs.get(version.base_model, version.base_model)
-        loaded = load_model(
-            str(source),
-            device=settings.device,
-            dtype=settings.dtype,
-            cache_dir=settings.cache_dir,
-            workload=settings.dtype_workload(),
-        )
-        limits = AdapterLimits(root=settings.resolved_adapter_root())
-        adapters = ResidentAdapters(loaded.model, base_model_names(version.base_model), limits)
-        checked = adapters.ensure(str(key), version.adapter_path)
+        served = load_target(TargetSettings.for_platform(settings, version.base_model))
+        checked = served.adapters.ensure(str(key), version.adapter_path)
         if checked.sha256 != version.adapter_sha256:
             raise ValueError(
                 f"adapter of {key} changed on disk since registration (sha256 differs)"
@@ -90,10 +77,10 @@ def run_drafter_job(
             kind=kind, **({"budget_minutes": budget_minutes} if budget_minutes else {})
         )
         drafter = train_drafter(
-            adapters.model,
-            loaded.tokenizer,
+            served.loaded.model,
+            served.loaded.tokenizer,
             version.base_model,
-            loaded.eos_token_ids,
+            served.loaded.eos_token_ids,
             out,
             train_settings,
             adapter_sha256=checked.sha256,
@@ -144,14 +131,14 @@ class ThreadJobs:
     """Runs `run_drafter_job` in a background thread of this process (no Ray: tests, one box).
     Cancellation marks the registry; the thread's result is then dropped."""
 
-    def __init__(self, args: dict, overrides: dict | None = None) -> None:
-        self.args, self.overrides = dict(args), overrides
+    def __init__(self, args: dict) -> None:
+        self.args = dict(args)
         self.threads: dict[tuple[str, str], threading.Thread] = {}
 
     def start(self, record: VersionRecord, kind: str, budget_minutes: float | None) -> None:
         thread = threading.Thread(
             target=run_drafter_job,
-            args=(record.model_dump(), kind, budget_minutes, self.args, self.overrides),
+            args=(record.model_dump(), kind, budget_minutes, self.args),
             daemon=True,
         )
         self.threads[(str(record.key), kind)] = thread

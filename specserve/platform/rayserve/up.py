@@ -58,7 +58,7 @@ def up(
     import ray
     from ray import serve
 
-    from specserve.models.load import pull_model
+    from specserve.models.provision import pull_model
     from specserve.platform.rayserve.deployments import build_app
     from specserve.platform.settings import PlatformSettings
     from specserve.platform.state.embedded import StoreSettings, resolve_store

@@ -26,7 +26,11 @@ from pathlib import Path
 import redis
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from specserve.platform.state.store import CallStore, MemoryStore, RedisStore, Store, mask_url
+from specserve.platform.settings import Environment
+from specserve.platform.state.call_store import CallStore
+from specserve.platform.state.memory_store import MemoryStore
+from specserve.platform.state.redis_store import RedisStore, mask_url
+from specserve.platform.state.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +53,9 @@ class StoreSettings(BaseModel):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> StoreSettings:
-        env = os.environ if env is None else env
-        values = {
-            "redis_url": env.get("REDIS_URL") or None,
-            "pool_redis_url": env.get("SPECSERVE_POOL_REDIS_URL") or None,
-        }
-        return cls(**{**values, **overrides})
+        """The two URLs from `Environment.read(env)` (default: the process environment)."""
+        read = Environment.read(env)
+        return cls(**{"redis_url": read.redis_url, "pool_redis_url": read.pool_redis_url} | overrides)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

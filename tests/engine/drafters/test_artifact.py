@@ -16,7 +16,7 @@ from specserve.engine.drafters.artifact import (
     read_manifest,
     save_drafter,
 )
-from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
+from specserve.engine.drafters.specs import EagleSpec, MedusaSpec
 
 
 def _save(tmp_path, model, drafter, adapter=None):
@@ -126,3 +126,18 @@ def test_older_manifests_fall_back_to_the_training_dtype(tmp_path, tiny_llama, r
     drafter.manifest.training = {"dtype": "torch.bfloat16"}
     path = _save(tmp_path, model, drafter)
     assert "served on torch.float32" in load_drafter(path, model, "tiny").notes[0]
+
+
+def test_a_manifest_holds_a_spec_of_its_own_kind(tmp_path, tiny_llama, random_drafter):
+    model = tiny_llama(0)
+    path = _save(tmp_path, model, random_drafter(model, MedusaSpec()))
+    raw = json.loads((path / "manifest.json").read_text())
+    assert isinstance(read_manifest(path).spec, MedusaSpec)
+    (path / "manifest.json").write_text(json.dumps({**raw, "kind": "eagle"}))
+    with pytest.raises(ValueError, match="manifest of kind 'eagle' holds a 'medusa' spec"):
+        read_manifest(path)
+    unknown = {**raw, "kind": "lora", "spec": {**raw["spec"], "kind": "lora"}}
+    (path / "manifest.json").write_text(json.dumps(unknown))
+    with pytest.raises(ValueError, match="'eagle' or 'medusa'") as err:
+        read_manifest(path)
+    assert "'eagle', 'medusa'" in str(err.value)  # the spec's tag lists the kinds too

@@ -12,7 +12,7 @@ import torch
 
 from specserve.engine import hf_internals
 from specserve.engine.decode import Engine
-from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
+from specserve.engine.drafters.specs import EagleSpec, MedusaSpec
 from specserve.engine.sampling import SamplingParams
 
 MODELS = {"loopy": (0, 0.02), "mid": (1, 0.1), "wander": (2, 0.2)}

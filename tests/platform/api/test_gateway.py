@@ -22,8 +22,8 @@ from specserve.platform.api.metrics import Metrics
 from specserve.platform.backend import LocalBackend
 from specserve.platform.service import ModelService
 from specserve.platform.settings import PlatformSettings, TenantKeys
+from specserve.platform.state.memory_store import MemoryStore
 from specserve.platform.state.registry import Registry
-from specserve.platform.state.store import MemoryStore
 from specserve.policies.settings import PolicySettings
 
 BASE = "tiny-llama"
@@ -375,7 +375,7 @@ def test_variants_keep_serving_from_cache_while_the_store_is_down(
     assert cold.status_code == 503 and cold.headers["retry-after"] == "2"
     gateway.flush_acceptance()  # figures stay queued while the store is down
     redis_server.start()
-    gateway._store_down_until = 0.0
+    gateway.breaker.reset()
     gateway.flush_acceptance()
     from specserve.adapters.variants import VariantKey
 

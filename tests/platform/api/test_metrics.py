@@ -1,17 +1,24 @@
 from specserve.platform.api.metrics import Metrics
+from specserve.platform.events import Done, DoneInfo, Usage
 
 
 def _done(variant, strategy="lookahead"):
-    return {
-        "usage": {"completion_tokens": 12},
-        "specserve": {
-            "variant": variant,
-            "strategy": strategy,
-            "forwards": 5,
-            "drafted_by_depth": [4, 3],
-            "accepted_by_depth": [3, 1],
-        },
-    }
+    return Done(
+        finish_reason="length",
+        usage=Usage(prompt_tokens=3, completion_tokens=12, total_tokens=15),
+        specserve=DoneInfo(
+            variant=variant,
+            version=1,
+            strategy=strategy,
+            reason="test",
+            tau=2.4,
+            load_capped_steps=2,
+            forwards=5,
+            drafted_by_depth=[4, 3],
+            accepted_by_depth=[3, 1],
+            train_kind=None,
+        ),
+    )
 
 
 def test_request_metrics_render():
@@ -27,6 +34,10 @@ def test_request_metrics_render():
         in text
     )
     assert "specserve_itl_seconds_count" in text and "specserve_ttft_seconds_bucket" in text
+    assert (
+        'specserve_load_capped_steps_total{base_model="smollm2-135m",strategy="lookahead",variant="support"} 2.0'
+        in text
+    )
 
 
 def test_variant_labels_are_bounded():

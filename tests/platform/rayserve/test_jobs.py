@@ -97,7 +97,7 @@ def test_train_follow_and_artifact_keyed_to_the_version(
 
 
 def test_training_without_a_runner_is_503(tmp_path, tiny_llama, make_adapter, adapter_root):
-    from specserve.platform.state.store import MemoryStore
+    from specserve.platform.state.memory_store import MemoryStore
 
     base = tiny_llama(0)
     registry = Registry(MemoryStore())

@@ -17,8 +17,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from specserve.platform.state.embedded import EmbeddedRedis, StoreSettings, resolve_store
+from specserve.platform.state.memory_store import MemoryStore
+from specserve.platform.state.redis_store import RedisStore
 from specserve.platform.state.registry import Registry, VariantSpec
-from specserve.platform.state.store import MemoryStore, RedisStore
 
 
 def _refused(port: int) -> bool:

@@ -11,8 +11,9 @@ import pytest
 import redis
 
 from specserve.adapters.variants import PoolBook, VariantKey
+from specserve.platform.state.memory_store import MemoryStore
 from specserve.platform.state.pool_sync import PoolSync, PoolSyncSettings, decode, encode
-from specserve.platform.state.store import MemoryStore, RedisStore
+from specserve.platform.state.redis_store import RedisStore
 
 V1, V2 = VariantKey("support-bot", 1), VariantKey("support-bot", 2)
 FAST = PoolSyncSettings(interval_s=0.05, max_backoff_s=0.2, max_entries=1000, ttl_s=60)

@@ -1,5 +1,5 @@
 """Registry on every Store: versions (atomic, consecutive, continuing after delete), drafters,
-acceptance, policy, tenants; concurrency from threads and from separate processes (Redis)."""
+acceptance, policy; concurrency from threads and from separate processes (Redis)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from specserve.adapters.variants import VariantKey
+from specserve.platform.state.redis_store import RedisStore
 from specserve.platform.state.registry import (
     Acceptance,
     DrafterStatus,
@@ -21,7 +22,8 @@ from specserve.platform.state.registry import (
     UnknownVariant,
     VariantSpec,
 )
-from specserve.platform.state.store import RedisStore, StoreUnavailable
+from specserve.platform.state.store import StoreUnavailable
+from specserve.policies.settings import PolicySettings
 
 ROOT = Path(__file__).resolve().parents[2]
 SHA = "ab" * 32
@@ -46,9 +48,9 @@ def test_register_bumps_versions_and_reads_back(registry):
     assert r2.created_at > r1.created_at
     assert registry.get("support-bot") == r2 and registry.get("support-bot", 1) == r1
     assert registry.get("support-bot", 1).hints == {"traffic": "high"}
-    assert registry.resolve("support-bot@1") == r1 and registry.resolve("support-bot") == r2
-    info = registry.show("support-bot")
+    info = registry.variant("support-bot")
     assert [v.version for v in info.versions] == [1, 2] and info.current == r2
+    assert info.record == r2 and registry.variant("support-bot@1").record == r1
     registry.register(spec("other"))
     assert registry.names() == ["other", "support-bot"]
     assert [i.name for i in registry.list()] == ["other", "support-bot"]
@@ -60,8 +62,12 @@ def test_unknown_variants(registry):
     registry.register(spec())
     with pytest.raises(UnknownVariant):
         registry.get("support-bot", 2)
-    with pytest.raises(UnknownVariant):
-        registry.resolve("support-bot@9")
+    with pytest.raises(UnknownVariant, match="support-bot@9"):
+        registry.variant("support-bot@9")
+    with pytest.raises(UnknownVariant, match="'nope'"):
+        registry.variant("nope")
+    with pytest.raises(ValueError):
+        registry.variant("bad name")
     with pytest.raises(ValueError):
         registry.get("bad name")
 
@@ -99,7 +105,7 @@ def test_delete_removes_everything_and_versions_continue(registry):
     assert registry.delete("support-bot") is True
     assert registry.delete("support-bot") is False
     with pytest.raises(UnknownVariant):
-        registry.show("support-bot")
+        registry.variant("support-bot")
     assert registry.names() == [] and registry.list() == []
     r3 = registry.register(spec())
     assert r3.version == 3  # continues: nothing of versions 1-2 can match the new variant
@@ -162,7 +168,7 @@ def test_policy_override_settings_and_generation(registry):
     g1 = registry.generation()
     registry.set_override("support-bot", "eagle")
     assert registry.override("support-bot") == "eagle" and registry.generation() > g1
-    assert registry.show("support-bot").override == "eagle"
+    assert registry.variant("support-bot").override == "eagle"
     assert registry.overrides() == {"support-bot": "eagle"}
     registry.set_override("support-bot", None)
     assert registry.override("support-bot") is None
@@ -170,24 +176,34 @@ def test_policy_override_settings_and_generation(registry):
         registry.set_override("nope", "ar")
     with pytest.raises(ValueError):
         registry.set_override("support-bot", "EAGLE!")
-    registry.set_policy_settings({"stability_window_s": 3600, "auto_train": True})
-    assert registry.policy_settings() == {"stability_window_s": 3600, "auto_train": True}
+    g2 = registry.generation()
+    registry.set_policy_settings(PolicySettings(stability_window_s=60, auto_train=False))
+    assert registry.policy_settings() == PolicySettings(stability_window_s=60, auto_train=False)
+    assert registry.generation() > g2
 
 
-def test_tenants_store_only_key_hashes(registry, store):
-    registry.set_tenant("sk-tenant-a", ["support-bot", "smollm2-135m", "support-bot"])
-    assert registry.tenant_variants("sk-tenant-a") == {"support-bot", "smollm2-135m"}
-    assert registry.tenant_variants("sk-other") is None
-    raw = store.hgetall("specserve:tenants")
-    assert list(raw) == [Registry.tenant_id("sk-tenant-a")] and "sk-tenant-a" not in str(raw)
-    registry.set_tenant("sk-tenant-a", [])
-    assert registry.tenant_variants("sk-tenant-a") == frozenset()
-    assert registry.tenant_count() == 1 and registry.delete_tenant("sk-tenant-a")
-    assert registry.tenant_variants("sk-tenant-a") is None
-    with pytest.raises(ValueError):
-        registry.set_tenant("", ["a"])
-    with pytest.raises(ValueError):
-        registry.set_tenant("k", ["bad name"])
+def test_variant_reads_one_version_with_its_drafters_and_acceptance(registry):
+    v1 = registry.register(spec()).key
+    v2 = registry.register(spec()).key
+    registry.set_drafter(
+        v1, DrafterStatus(kind="eagle", state="succeeded", tau=3.0, artifact_dir="/e")
+    )
+    registry.set_drafter(v2, DrafterStatus(kind="medusa", state="running", progress=0.4))
+    registry.record_acceptance(v1, "eagle", tokens=30, forwards=10)
+    registry.set_override("support-bot", "ar")
+    current, older = registry.variant("support-bot"), registry.variant("support-bot@1")
+    assert (current.version, older.version) == (2, 1) and current.versions == older.versions
+    assert list(current.drafters) == ["medusa"] and current.acceptance == {}
+    assert older.drafters["eagle"].artifact_dir == "/e" and older.acceptance["eagle"].tau == 3.0
+    view = older.policy_view()  # what the strategy policy reads: same names, no dicts
+    assert (view.name, view.version, view.forced_strategy) == ("support-bot", 1, "ar")
+    assert view.version_times == [r.created_at for r in current.versions]
+    assert [(d.kind, d.state, d.tau, d.artifact_dir) for d in view.drafters] == [
+        ("eagle", "succeeded", 3.0, "/e")
+    ]
+    assert view.measured_tau == {"eagle": (3.0, 30)}
+    page = registry.page(10)
+    assert page.variants == [current]
 
 
 def test_keys_are_namespaced(registry, store):
@@ -221,7 +237,9 @@ def test_fifty_concurrent_registrations_from_threads(registry):
 _WORKER = """
 import os, sys, threading
 from specserve.platform.state.registry import Registry, VariantSpec
-from specserve.platform.state.store import RedisStore, StoreUnavailable
+from specserve.platform.state.redis_store import RedisStore
+from specserve.platform.state.store import StoreUnavailable
+from specserve.policies.settings import PolicySettings
 store = RedisStore(os.environ["TEST_REDIS_URL"], socket_timeout_s=5)
 reg = Registry(store)
 spec = VariantSpec(name="shared", base_model="m", adapter_path="/a", adapter_sha256="cd" * 32)

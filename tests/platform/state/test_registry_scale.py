@@ -16,8 +16,10 @@ from specserve.platform.api.gateway import Gateway, create_app
 from specserve.platform.api.metrics import Metrics
 from specserve.platform.backend import LocalBackend
 from specserve.platform.settings import PlatformSettings, TenantKeys
+from specserve.platform.state.call_store import CallStore
+from specserve.platform.state.memory_store import MemoryStore
+from specserve.platform.state.redis_store import RedisStore
 from specserve.platform.state.registry import Registry, VariantSpec
-from specserve.platform.state.store import CallStore, MemoryStore, RedisStore
 from specserve.policies.settings import PolicySettings
 
 BASE = "base-m"
@@ -85,7 +87,9 @@ def test_store_calls_do_not_grow_with_the_variant_count(count):
     assert first == ["get", "hkeys", "hgetall_many", "hgetall"]  # generation, then the list
     assert counted.during(lambda: _ids(client)) == ["get"]  # cached: the generation only
     page = counted.during(lambda: client.get("/admin/variants?limit=5", headers=ADMIN))
-    assert len(page) == 6 and page.count("hgetall_many") == 3  # per page, not per variant
+    assert page == ["hkeys", "hgetall_many", "hgetall", "get"]  # per page, not per variant
+    shown = counted.during(lambda: client.get("/admin/variants/v0003", headers=ADMIN))
+    assert shown == ["hgetall_many", "hget", "get"]  # the variant in one read, then the policy
 
 
 def test_concurrent_calls_after_a_change_read_the_list_once():
@@ -158,7 +162,7 @@ def test_the_listing_keeps_its_last_variants_while_the_store_is_down(redis_serve
     assert len(_ids(client)) == 4
     assert time.perf_counter() - start < 0.2  # backs off: no wait on the dead store each call
     redis_server.start()  # restarted empty
-    gateway._store_down_until = 0.0
+    gateway.breaker.reset()
     assert _ids(client) == [BASE]
     store.close()
 

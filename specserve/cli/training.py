@@ -1,0 +1,110 @@
+"""`specserve train-drafter` (Medusa heads or an EAGLE layer for the served model or a variant)
+and `specserve finetune` (a LoRA adapter, a new variant, from a .txt/.jsonl file)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specserve.cli.common import add_model_args, log, parse_overrides
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    t = sub.add_parser("train-drafter", help="train Medusa heads or an EAGLE layer")
+    add_model_args(t)
+    t.add_argument("--adapter", type=Path, default=None, help="LoRA adapter directory")
+    t.add_argument("--kind", required=True, choices=["medusa", "eagle"])
+    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--budget-minutes", type=float, default=20.0)
+    t.set_defaults(func=cmd_train_drafter)
+
+    ft = sub.add_parser("finetune", help="train a LoRA adapter (a variant) on a .txt/.jsonl file")
+    add_model_args(ft)
+    ft.add_argument(
+        "--data",
+        type=Path,
+        required=True,
+        help=".txt, or .jsonl of text/prompt+completion/messages",
+    )
+    ft.add_argument("--out", type=Path, required=True, help="adapter directory to write")
+    ft.add_argument("--budget-minutes", type=float, default=None, help="time budget (default 10)")
+    ft.add_argument(
+        "--config", action="append", default=[], help="KEY=VALUE (rank, learning_rate, ...)"
+    )
+    ft.set_defaults(func=cmd_finetune)
+
+
+def cmd_train_drafter(args) -> int:
+    from tqdm import tqdm
+
+    from specserve.cli.target import load_command_target
+    from specserve.training.run import DrafterTrainSettings, train_drafter
+
+    settings = DrafterTrainSettings(kind=args.kind, budget_minutes=args.budget_minutes)
+    target = load_command_target(args)
+    loaded = target.loaded
+    drafter = train_drafter(
+        loaded.model,
+        loaded.tokenizer,
+        loaded.model_id,
+        loaded.eos_token_ids,
+        args.out,
+        settings,
+        adapter_sha256=target.adapter_sha256,
+        data_dir=target.served.cache_dir / "distill",
+        log=log,
+        progress_bar=lambda total, desc: tqdm(total=total, desc=desc, file=sys.stderr),
+        adapter=target.adapter,
+    )
+    print(drafter.manifest.model_dump_json(indent=1))
+    return 0
+
+
+def cmd_finetune(args) -> int:
+    from specserve.adapters.fingerprint import adapter_sha256
+    from specserve.adapters.resident import base_model_names
+    from specserve.adapters.settings import AdapterLimits
+    from specserve.adapters.validate import BaseModelSpec, validate_adapter
+    from specserve.cli.target import load_command_target
+    from specserve.files import file_sha256
+    from specserve.training.finetune import FinetuneConfig, finetune, load_examples
+
+    overrides = parse_overrides(args.config, scoped=False)
+    if args.budget_minutes is not None:
+        overrides["budget_minutes"] = args.budget_minutes
+    config = FinetuneConfig.model_validate(overrides)
+    if not args.data.is_file():
+        raise ValueError(f"data: {args.data} is not a file")
+    loaded = load_command_target(args).loaded
+    names = base_model_names(loaded.model_id)
+    spec = BaseModelSpec.of(loaded.model, names)  # before peft wraps the model
+    eos_id = min(loaded.eos_token_ids)
+    examples = load_examples(args.data, loaded.tokenizer, eos_id, config.block_size)
+    data_desc = {
+        "path": str(args.data),
+        "sha256": file_sha256(args.data),
+        "examples": len(examples),
+    }
+    log(
+        f"fine-tuning {loaded.model_id} on {len(examples)} examples for at most "
+        f"{config.budget_minutes} min"
+    )
+    record = finetune(
+        loaded.model, loaded.tokenizer, examples, config, args.out, loaded.model_id, data_desc
+    )
+    out = args.out.resolve()
+    checked = validate_adapter(
+        out, spec, AdapterLimits(root=out.parent, max_rank=max(64, config.rank))
+    )
+    log(
+        f"held-out loss before/after: {record['held_out_loss_before_after']}; {record['steps']} steps"
+    )
+    print(
+        json.dumps(
+            {"adapter": str(out), "sha256": adapter_sha256(out), "rank": checked.rank, **record},
+            indent=1,
+        )
+    )
+    return 0

@@ -1,0 +1,28 @@
+"""`specserve up`: the whole platform on this machine (store, local Ray, the Serve application
+on one port) until interrupted."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from specserve.cli.common import cache_dir, log
+from specserve.paths import config_file
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    upp = sub.add_parser(
+        "up", help="run the platform here: store, local Ray, Serve app on one port"
+    )
+    upp.add_argument("--config", type=Path, default=config_file("serve.yaml"))
+    upp.add_argument("--host", default="127.0.0.1")
+    upp.add_argument("--port", type=int, default=8000)
+    upp.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray may use (default: all)")
+    upp.add_argument("--cache-dir", type=Path, default=None)
+    upp.set_defaults(func=cmd_up)
+
+
+def cmd_up(args) -> int:
+    from specserve.platform.rayserve.up import up
+
+    return up(args.config, args.host, args.port, cache_dir(args), args.num_cpus, log=log)

@@ -1,0 +1,127 @@
+"""Model-server events as OpenAI responses: one JSON body (`collect`) or server-sent events
+(`sse`), for chat and text completions, with the `specserve` object of the final event.
+`Reply` holds one response's id, creation time and token timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from specserve.platform.events import Delta, Done
+
+OnDone = Callable[["Reply", Done], None]  # called once the final event arrived
+
+
+class Reply:
+    """Per-response bookkeeping: ids, timing of tokens; the OpenAI envelope and choices."""
+
+    def __init__(self, endpoint: str, base_model: str, model: str, started: float) -> None:
+        self.endpoint, self.base_model, self.model, self.started = (
+            endpoint,
+            base_model,
+            model,
+            started,
+        )
+        prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.ttft: float | None = None
+        self.gaps: list[float] = []
+        self._last: float | None = None
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        if self.ttft is None:
+            self.ttft = now - self.started
+        else:
+            self.gaps.append(now - self._last)
+        self._last = now
+
+    def envelope(self, choices: list, whole: bool = False) -> dict:
+        """The response object around `choices`: a whole response, else a stream chunk."""
+        obj = {"chat": "chat.completion", "completions": "text_completion"}[self.endpoint]
+        if not whole and self.endpoint == "chat":
+            obj = "chat.completion.chunk"
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def chunk_choice(self, text: str, finish_reason: str | None) -> dict:
+        if self.endpoint == "chat":
+            delta = {"content": text} if text else {}
+            return {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        return {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+
+    def choice(self, text: str, finish_reason: str) -> dict:
+        if self.endpoint == "chat":
+            message = {"role": "assistant", "content": text}
+            return {"index": 0, "message": message, "finish_reason": finish_reason}
+        return {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+
+
+async def collect(
+    reply: Reply,
+    first: Delta | Done,
+    events: AsyncIterator[Delta | Done],
+    http: Request,
+    on_done: OnDone,
+) -> JSONResponse:
+    """The whole response; stops the decode if the client disconnects."""
+    parts, event = [], first
+    while isinstance(event, Delta):
+        reply.tick()
+        parts.append(event.text)
+        if await http.is_disconnected():
+            await events.aclose()
+            raise asyncio.CancelledError("client disconnected")
+        event = await anext(events)
+    on_done(reply, event)
+    body = reply.envelope([reply.choice("".join(parts), event.finish_reason)], whole=True)
+    return JSONResponse(
+        body | {"usage": event.usage.model_dump(), "specserve": event.specserve.model_dump()}
+    )
+
+
+async def sse(
+    reply: Reply,
+    first: Delta | Done,
+    events: AsyncIterator[Delta | Done],
+    include_usage: bool,
+    on_done: OnDone,
+    on_close: Callable[[], None],
+) -> AsyncIterator[str]:
+    """The response as server-sent events, ending `data: [DONE]`; `on_close` runs when the
+    stream ends, however it ends (the events are closed with it)."""
+    try:
+        if reply.endpoint == "chat":
+            role = {"role": "assistant", "content": ""}
+            yield _data(reply.envelope([{"index": 0, "delta": role, "finish_reason": None}]))
+        event = first
+        while isinstance(event, Delta):
+            reply.tick()
+            yield _data(reply.envelope([reply.chunk_choice(event.text, None)]))
+            event = await anext(events)
+        on_done(reply, event)
+        final = reply.envelope([reply.chunk_choice("", event.finish_reason)])
+        yield _data(final | {"specserve": event.specserve.model_dump()})
+        if include_usage:
+            yield _data(reply.envelope([]) | {"usage": event.usage.model_dump()})
+        yield "data: [DONE]\n\n"
+    finally:
+        on_close()
+        await events.aclose()
+
+
+def _data(obj: dict) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"

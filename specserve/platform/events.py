@@ -1,0 +1,70 @@
+"""The events a model server streams for one request: `Delta`s of text, then one `Done`.
+
+Across Ray they travel as `model_dump()` dicts; `parse_event` turns one back into its model (the
+`type` field tells which). The gateway shapes them into OpenAI JSON (api/shaping.py).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Delta(_Event):
+    """New text of the completion and the token ids it decodes from."""
+
+    type: Literal["delta"] = "delta"
+    text: str
+    token_ids: list[int]
+
+
+class Usage(_Event):
+    """OpenAI's usage object."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class DoneInfo(_Event):
+    """How a request was served: the `specserve` object of the final response."""
+
+    variant: str | None  # None: the base model
+    version: int | None
+    strategy: str
+    reason: str  # why the policy chose the strategy
+    tau: float  # tokens per target forward
+    load_capped_steps: int  # steps whose draft the batch's load cut
+    forwards: int
+    drafted_by_depth: list[int]  # steps drafting at least this position
+    accepted_by_depth: list[int]  # steps accepting at least this position
+    train_kind: str | None  # drafter training the policy asks for, if any
+    replica: str | None = Field(None, exclude_if=lambda v: v is None)  # set under Ray Serve
+
+
+class Done(_Event):
+    """The end of a request."""
+
+    type: Literal["done"] = "done"
+    finish_reason: str
+    usage: Usage
+    specserve: DoneInfo
+
+    def served_by(self, replica: str) -> Done:
+        """This event naming the replica that served it (routing is observable)."""
+        info = self.specserve.model_copy(update={"replica": replica})
+        return self.model_copy(update={"specserve": info})
+
+
+Event = Annotated[Delta | Done, Field(discriminator="type")]
+_EVENT = TypeAdapter(Event)
+
+
+def parse_event(data: dict) -> Delta | Done:
+    """A `model_dump()`ed event as its model; ValidationError if it is neither."""
+    return _EVENT.validate_python(data)

@@ -1,0 +1,168 @@
+"""The registry's records (pydantic, frozen): what an admin registers, each version, drafter status,
+acceptance figures, and `VariantState`, the one read of a variant that gateway and admin share.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from specserve.adapters.variants import VariantKey
+from specserve.engine.drafters.specs import KindName as DrafterKind
+from specserve.policies.router import DrafterView, VariantView
+
+DrafterState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+HintValue = str | int | float | bool
+
+_BASE_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def check_name(name: str) -> str:
+    """A variant name by VariantKey's rules (1-64 letters, digits, '_' or '-'); ValueError if not."""
+    VariantKey(name, 1)
+    return name
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VariantSpec(_Record):
+    """What an admin registers: every registration of a name is its next version."""
+
+    name: str
+    base_model: str
+    adapter_path: str = Field(min_length=1, max_length=4096)
+    adapter_sha256: str
+    hints: dict[str, HintValue] = Field(default_factory=dict, description="policy hints")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_name(v)
+
+    @field_validator("base_model")
+    @classmethod
+    def _base(cls, v: str) -> str:
+        if not _BASE_MODEL.fullmatch(v):
+            raise ValueError(f"base model {v!r}: 1-128 letters, digits, '_', '.' or '-'")
+        return v
+
+    @field_validator("adapter_sha256")
+    @classmethod
+    def _sha(cls, v: str) -> str:
+        if not _SHA256.fullmatch(v):
+            raise ValueError("adapter_sha256: 64 lowercase hex digits")
+        return v
+
+    @field_validator("hints")
+    @classmethod
+    def _hints(cls, v: dict[str, HintValue]) -> dict[str, HintValue]:
+        long = any(len(k) > 64 or (isinstance(x, str) and len(x) > 256) for k, x in v.items())
+        if len(v) > 32 or long:
+            raise ValueError("hints: at most 32, keys up to 64 characters, strings up to 256")
+        return v
+
+
+class VersionRecord(VariantSpec):
+    """One registered version. Reads ignore fields they do not know (written by newer code)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    version: int = Field(ge=1)
+    created_at: float = Field(description="registration time, seconds since the epoch")
+
+    @property
+    def key(self) -> VariantKey:
+        return VariantKey(self.name, self.version)
+
+
+class DrafterStatus(_Record):
+    """Drafter training for one variant@version and kind, as the training job reports it.
+    Unknown fields are ignored (records written by newer code stay readable)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    kind: DrafterKind
+    state: DrafterState
+    progress: float = Field(0.0, ge=0.0, le=1.0)
+    artifact_dir: str | None = None
+    tau: float | None = Field(None, ge=0.0, description="held-out tokens per target forward")
+    error: str | None = None
+    updated_at: float = 0.0
+
+
+class Acceptance(_Record):
+    """Accumulated figures of one strategy on one variant@version."""
+
+    tokens: int = 0
+    forwards: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    def __add__(self, other: Acceptance) -> Acceptance:
+        return Acceptance(
+            tokens=self.tokens + other.tokens,
+            forwards=self.forwards + other.forwards,
+            drafted=self.drafted + other.drafted,
+            accepted=self.accepted + other.accepted,
+        )
+
+    @property
+    def tau(self) -> float | None:
+        """Tokens per target forward (None before any forward)."""
+        return self.tokens / self.forwards if self.forwards else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+
+class VariantInfo(_Record):
+    """A variant's versions (oldest first), the current one, and its override."""
+
+    name: str
+    versions: list[VersionRecord]
+    override: str | None = None
+
+    @property
+    def current(self) -> VersionRecord:
+        return self.versions[-1]
+
+
+class VariantState(VariantInfo):
+    """A variant with one of its versions (`version`, the current one unless asked otherwise) and
+    that version's drafters (kind -> status) and acceptance (strategy -> figures)."""
+
+    version: int
+    drafters: dict[str, DrafterStatus] = {}
+    acceptance: dict[str, Acceptance] = {}
+
+    @property
+    def record(self) -> VersionRecord:
+        return next(v for v in self.versions if v.version == self.version)
+
+    def policy_view(self) -> VariantView:
+        """What the strategy policy reads of this version."""
+        return VariantView(
+            name=self.name,
+            version=self.version,
+            version_times=[v.created_at for v in self.versions],
+            drafters=[
+                DrafterView(kind=d.kind, state=d.state, tau=d.tau, artifact_dir=d.artifact_dir)
+                for d in self.drafters.values()
+            ],
+            measured_tau={s: (a.tau or 0.0, a.tokens) for s, a in self.acceptance.items()},
+            forced_strategy=self.override,
+        )
+
+
+class VariantPage(_Record):
+    """One page of variants (current versions) in name order: at most `limit` after the cursor,
+    and whether more follow (pass the last name as the next cursor)."""
+
+    variants: list[VariantState]
+    has_more: bool

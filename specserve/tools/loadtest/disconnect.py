@@ -1,0 +1,95 @@
+"""The `disconnect` report: streams cut abruptly after a few tokens; how long until the gateway's
+in-flight count and the replicas' batch (decoding + waiting + prefilling) reach zero."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from specserve.tools.loadtest.client import (
+    CLIENT_ERRORS,
+    ChatRequest,
+    Traffic,
+    has_content,
+    open_chat,
+    running,
+    sse_events,
+)
+from specserve.tools.loadtest.probes import gateway_inflight, replica_active, seconds_to_zero
+
+
+def _content_chunks(resp, after: int) -> int:
+    """Content chunks read from a stream, stopping at `after` or at its `[DONE]`."""
+    seen = 0
+    if resp.status == 200:
+        for event in sse_events(resp):
+            seen += has_content(event)
+            if seen >= after or event == "DONE":
+                break
+    return seen
+
+
+def cut_stream(
+    request: ChatRequest, after: int, ready: threading.Event, go: threading.Event
+) -> bool:
+    """Read `after` content chunks, set `ready`, wait for `go`, then shut the socket down hard.
+
+    True when the stream was cut after `after` chunks (not refused, failed or finished early).
+    """
+    sock = None
+    try:
+        with open_chat(request) as conn:
+            sock = conn.sock  # getresponse() may drop conn.sock when the server closes after
+            resp = conn.getresponse()  # held until the cut: its file keeps `sock` open
+            if _content_chunks(resp, after) < after:
+                return False
+            ready.set()
+            go.wait(request.timeout)
+            sock.shutdown(socket.SHUT_RDWR)
+            return True
+    except CLIENT_ERRORS:
+        return False
+    finally:
+        ready.set()
+        if sock is not None:
+            sock.close()
+
+
+def run_disconnect(
+    url: str,
+    models: list[str],
+    prompts: list[str],
+    streams: int,
+    after: int,
+    max_tokens: int,
+    timeout: float = 600.0,
+    poll_s: float = 0.05,
+    limit_s: float = 30.0,
+) -> dict:
+    """The `disconnect` report: `streams` opened at once, cut together after `after` chunks."""
+    traffic = Traffic(
+        url=url, models=models, prompts=prompts, max_tokens=max_tokens, timeout=timeout
+    )
+    go, readies, cut = threading.Event(), [threading.Event() for _ in range(streams)], []
+
+    def stream(i: int) -> None:
+        cut.append(cut_stream(traffic.request(i), after, readies[i], go))
+
+    with running(stream, streams):
+        deadline = time.perf_counter() + timeout
+        for ready in readies:
+            ready.wait(max(0.0, deadline - time.perf_counter()))
+        active_before = replica_active(url)
+        go.set()
+        cut_at = time.perf_counter()
+    probes = {"inflight": lambda: gateway_inflight(url), "active": lambda: replica_active(url)}
+    zero = seconds_to_zero(probes, poll_s, limit_s, started=cut_at)
+    return {
+        "streams": streams,
+        "after_tokens": after,
+        "cut": sum(cut),
+        "seconds_to_zero_inflight": zero["inflight"],
+        "seconds_to_zero_active": zero["active"],
+        "active_before_cut": active_before,
+    }

@@ -1,0 +1,51 @@
+"""A replica's two adapter LRUs count to one number: Serve's multiplexing cache is sized by the
+resident set's capacity, which is also the set's count cap, and Serve dropping a variant evicts
+its adapter (routing itself is pinned on a local Ray by tests/e2e/test_multiplex_ray.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from specserve.adapters.memory import reference_adapter_bytes
+from specserve.adapters.settings import AdapterLimits
+from specserve.adapters.validate import BaseModelSpec
+from specserve.adapters.variants import PoolBook
+from specserve.models.load import load_model
+from specserve.platform.rayserve import deployments
+from specserve.platform.service import ModelService
+from specserve.platform.serving import resident_adapters
+from specserve.policies.settings import PolicySettings
+
+
+@pytest.fixture
+def service(tmp_path, save_tiny_model_dir, adapter_root):
+    loaded = load_model(str(save_tiny_model_dir(tmp_path / "model")), dtype="float32")
+    loaded.model_id = "tiny"
+    reference = reference_adapter_bytes(
+        BaseModelSpec.of(loaded.model, ["tiny"]), loaded.model, torch.float32
+    )
+    limits = AdapterLimits(root=adapter_root, max_resident_bytes=2 * reference)
+    adapters = resident_adapters(loaded, limits)
+    return ModelService(loaded, adapters, PoolBook(), PolicySettings())
+
+
+def test_serves_cache_is_the_resident_sets_count(service, monkeypatch, make_adapter):
+    sizes = []
+
+    def multiplexed(max_num_models_per_replica):
+        sizes.append(max_num_models_per_replica)
+        return lambda hook: hook
+
+    monkeypatch.setattr(deployments.serve, "multiplexed", multiplexed)
+    hold = deployments.variant_cache(service)
+    assert sizes == [service.adapters.capacity] == [service.adapters.limits.max_resident] == [2]
+    for i, name in enumerate(["a", "b", "c"]):  # one more than the cache holds
+        path = make_adapter(name, service.adapters.model, seed=i, rank=1, base_name="tiny")
+        service.adapters.ensure(f"{name}@1", path)
+    assert service.adapters.names == ["b@1", "c@1"]  # the resident set never outgrows Serve's
+    held = asyncio.run(hold("c@1"))
+    held.__del__()  # Serve's unload of the variant
+    assert service.adapters.names == ["b@1"]

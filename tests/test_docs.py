@@ -1,0 +1,46 @@
+"""docs/: every measured report under docs/reports/ is cited by docs/benchmarks.md, and the
+documentation's links and report paths name files that exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORTS = ROOT / "docs" / "reports"
+DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
+LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
+REPORT_PATH = re.compile(r"docs/[\w./{},-]+\.(?:json|png)")
+
+
+def expand(pattern: str) -> list[str]:
+    """`a-{x,y}.json` -> `a-x.json`, `a-y.json` (the brace lists the docs use for repeated runs)."""
+    match = re.search(r"\{([^}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    head, tail = pattern[: match.start()], pattern[match.end() :]
+    return [name for choice in match.group(1).split(",") for name in expand(head + choice + tail)]
+
+
+def test_every_report_is_cited_by_the_benchmarks():
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    cited = {Path(name).name for path in REPORT_PATH.findall(text) for name in expand(path)}
+    cited |= {Path(target).name for target in LINK.findall(text)}
+    reports = sorted(path.name for path in REPORTS.iterdir())
+    assert reports, "no reports under docs/reports"
+    assert not [name for name in reports if name not in cited], "reports nothing cites"
+
+
+def test_links_and_report_paths_name_existing_files():
+    missing = []
+    for document in DOCUMENTS:
+        text = document.read_text()
+        targets = [document.parent / t for t in LINK.findall(text) if "://" not in t]
+        targets += [ROOT / name for path in REPORT_PATH.findall(text) for name in expand(path)]
+        missing += [f"{document.name}: {t.relative_to(ROOT)}" for t in targets if not t.exists()]
+    assert not missing, "\n".join(missing)
+
+
+def test_expand():
+    assert expand("r-{a,b}-{1,2}.json") == ["r-a-1.json", "r-a-2.json", "r-b-1.json", "r-b-2.json"]
+    assert expand("r.json") == ["r.json"]
