@@ -97,6 +97,12 @@ class ResidentAdapters:
         count = max(1, self.budget_bytes // per)
         return min(count, self.limits.max_resident or count)
 
+    def bound_count_by_capacity(self) -> int:
+        """Hold at most `capacity` adapters from now on, whatever their rank: the one count a
+        replica's multiplexing cache is sized by too, so the two LRUs cannot disagree."""
+        self.limits = self.limits.model_copy(update={"max_resident": self.capacity})
+        return self.capacity
+
     def ensure(self, name: str, path: str | Path) -> ValidatedAdapter:
         """Make `name` resident (validating and loading `path` if it is not) and most recent."""
         while True:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from specserve.cli.common import device_name, log, parse_overrides
 from specserve.cli.tune import add_tuning_args, tuned_methods
+from specserve.engine.drafters.specs import KIND_NAMES
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -20,17 +21,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--baselines", default="hf_ar,hf_pld")
     b.add_argument("--out", type=Path, default=None)
     b.add_argument("--plot", type=Path, default=None)
-    b.add_argument("--drafter-dir", type=Path, default=None, help="DIR/medusa, DIR/eagle")
+    b.add_argument(
+        "--drafter-dir", type=Path, default=None, help="DIR/<kind>, kinds: " + ", ".join(KIND_NAMES)
+    )
     b.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args) -> int:
-    from specserve.cli.drafters import DRAFTER_KINDS, load_drafters
+    from specserve.cli.drafters import load_drafters
     from specserve.cli.target import compile_forward, load_command_target
     from specserve.tools import bench
 
     names, baselines = _checked_methods(args)
-    drafter_kinds = [n for n in names if n in DRAFTER_KINDS]
+    drafter_kinds = [n for n in names if n in KIND_NAMES]
     if drafter_kinds and not args.drafter_dir:
         raise ValueError(f"bench: {', '.join(drafter_kinds)} need --drafter-dir")
     target = load_command_target(args)

@@ -7,8 +7,6 @@ from pathlib import Path
 
 from specserve.cli.common import log
 
-DRAFTER_KINDS = ("medusa", "eagle")  # the strategies that decode with a trained drafter
-
 
 def load_drafters(drafter_dir: Path, target, kinds: list[str]) -> dict:
     """kind -> Drafter from DIR/<kind>/ (or DIR itself when it holds one artifact), each checked

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from specserve.cli.common import add_model_args, parse_overrides
+from specserve.engine.drafters.specs import KIND_NAMES
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -24,12 +25,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", default=None)
     gen.add_argument("--adapter", type=Path, default=None, help="LoRA adapter directory")
-    gen.add_argument("--drafter-dir", type=Path, default=None, help="DIR/medusa, DIR/eagle")
+    gen.add_argument(
+        "--drafter-dir", type=Path, default=None, help="DIR/<kind>, kinds: " + ", ".join(KIND_NAMES)
+    )
     gen.set_defaults(func=cmd_generate)
 
 
 def cmd_generate(args) -> int:
-    from specserve.cli.drafters import DRAFTER_KINDS, drafter_config, load_drafters
+    from specserve.cli.drafters import drafter_config, load_drafters
     from specserve.cli.target import compile_forward, load_command_target
     from specserve.engine.decode import Engine
     from specserve.engine.prompts import encode_prompt
@@ -47,7 +50,7 @@ def cmd_generate(args) -> int:
     )
     config = parse_overrides(args.config, scoped=False)
     REGISTRY.config(args.strategy, config)  # fail on a bad strategy before loading the model
-    kinds = [args.strategy] if args.strategy in DRAFTER_KINDS else []
+    kinds = [args.strategy] if args.strategy in KIND_NAMES else []
     if kinds and not args.drafter_dir:
         raise ValueError(f"generate: strategy {args.strategy!r} needs --drafter-dir")
     target = load_command_target(args)

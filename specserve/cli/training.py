@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 from specserve.cli.common import add_model_args, log, parse_overrides
+from specserve.engine.drafters.specs import KIND_NAMES
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("train-drafter", help="train Medusa heads or an EAGLE layer")
     add_model_args(t)
     t.add_argument("--adapter", type=Path, default=None, help="LoRA adapter directory")
-    t.add_argument("--kind", required=True, choices=["medusa", "eagle"])
+    t.add_argument("--kind", required=True, choices=KIND_NAMES)
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--budget-minutes", type=float, default=20.0)
     t.set_defaults(func=cmd_train_drafter)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from specserve.cli.common import cache_dir, log, parse_overrides
+from specserve.engine.drafters.specs import KIND_NAMES
 
 
 def server_args() -> argparse.ArgumentParser:
@@ -41,7 +42,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         var_sub.add_parser(action, parents=[common]).add_argument("name")
     tr = var_sub.add_parser("train", parents=[common], help="start (or --cancel) drafter training")
     tr.add_argument("name")
-    tr.add_argument("--kind", default="eagle", choices=["eagle", "medusa"])
+    tr.add_argument("--kind", default="eagle", choices=KIND_NAMES)
     tr.add_argument("--budget-minutes", type=float, default=None)
     tr.add_argument("--follow", action="store_true")
     tr.add_argument("--cancel", action="store_true")

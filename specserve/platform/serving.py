@@ -124,8 +124,7 @@ def resident_adapters(
     """The model's resident adapters, never more of them than `capacity` (what the byte budget
     holds of rank-8 adapters): the one count Serve's multiplexing cache is sized by too."""
     adapters = ResidentAdapters(loaded.model, base_model_names(loaded.model_id), limits)
-    # the budget is measured once (free memory now); its capacity then caps the count as well
-    adapters.limits = limits.model_copy(update={"max_resident": adapters.capacity})
+    adapters.bound_count_by_capacity()  # the budget is measured once (free memory now)
     log(
         f"{loaded.model_id}: adapter budget {adapters.budget_bytes >> 20} MiB, "
         f"{adapters.capacity} adapters resident at most (the rank-8 ones it holds, or the cap)"

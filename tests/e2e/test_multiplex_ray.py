@@ -36,7 +36,9 @@ def two_replicas(tmp_path_factory, save_tiny_model_dir):
     adapter_root.mkdir()
     redis = EmbeddedRedis(start_timeout_s=10).start()
     env = {"REDIS_URL": redis.url, "SPECSERVE_ADMIN_TOKEN": TOKEN, "SPECSERVE_CACHE": str(tmp)}
-    config = yaml.safe_load((REPO / "specserve" / "configs" / "serve.yaml").read_text())["applications"][0]
+    config = yaml.safe_load((REPO / "specserve" / "configs" / "serve.yaml").read_text())[
+        "applications"
+    ][0]
     args = config["args"] | {
         "models": ["tiny"],
         "model_dirs": {"tiny": str(model_dir)},

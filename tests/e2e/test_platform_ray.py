@@ -45,7 +45,9 @@ def stack(tmp_path_factory, save_tiny_model_dir):
         "SPECSERVE_ADMIN_TOKEN": TOKEN,
         "SPECSERVE_CACHE": str(tmp / "cache"),
     }
-    config = yaml.safe_load((REPO / "specserve" / "configs" / "serve.yaml").read_text())["applications"][0]
+    config = yaml.safe_load((REPO / "specserve" / "configs" / "serve.yaml").read_text())[
+        "applications"
+    ][0]
     args = config["args"] | {
         "models": ["tiny"],
         "model_dirs": {"tiny": str(model_dir)},

@@ -16,7 +16,11 @@ from specserve.deploy import k8s_render, k8s_validate
 from specserve.platform.settings import PlatformSettings
 
 ROOT = k8s_render.ROOT
-CONFIGS = {"specserve/configs/serve.yaml": k8s_render.load_yaml(ROOT / "specserve" / "configs" / "serve.yaml")}
+CONFIGS = {
+    "specserve/configs/serve.yaml": k8s_render.load_yaml(
+        ROOT / "specserve" / "configs" / "serve.yaml"
+    )
+}
 CONFIGS.update(
     {f"overlay {o}": k8s_render.overlay_serve_config(ROOT, o) for o in k8s_validate.overlays()}
 )

@@ -48,9 +48,7 @@ class Manifest(BaseModel):
     # dtype of the target whose features it learned (None: written before this was recorded)
     feature_dtype: str | None = None
     training: dict = Field(default_factory=dict)  # data description, sizes, time, steps
-    created_at: str = Field(
-        default_factory=lambda: datetime.datetime.now(datetime.UTC).isoformat()
-    )
+    created_at: str = Field(default_factory=lambda: datetime.datetime.now(datetime.UTC).isoformat())
 
     @model_validator(mode="after")
     def _spec_of_its_kind(self) -> Manifest:

@@ -55,7 +55,9 @@ class StoreSettings(BaseModel):
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> StoreSettings:
         """The two URLs from `Environment.read(env)` (default: the process environment)."""
         read = Environment.read(env)
-        return cls(**{"redis_url": read.redis_url, "pool_redis_url": read.pool_redis_url} | overrides)
+        return cls(
+            **{"redis_url": read.redis_url, "pool_redis_url": read.pool_redis_url} | overrides
+        )
 
 
 def free_port(host: str = "127.0.0.1") -> int:
