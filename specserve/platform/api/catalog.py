@@ -9,10 +9,8 @@ import json
 import logging
 import threading
 
-from specserve.platform.api.resolve import Access, StoreBreaker
-from specserve.platform.settings import PlatformSettings
+from specserve.platform.api.resolve import RegistryReads
 from specserve.platform.state.records import VariantInfo
-from specserve.platform.state.registry import Registry
 from specserve.platform.state.store import StoreError
 
 log = logging.getLogger(__name__)
@@ -21,19 +19,9 @@ log = logging.getLogger(__name__)
 class Catalog:
     """The model list of the variants served here (a variant of another base model is left out)."""
 
-    def __init__(
-        self,
-        settings: PlatformSettings,
-        registry: Registry,
-        access: Access,
-        breaker: StoreBreaker,
-    ) -> None:
-        self.settings, self.registry, self.access, self.breaker = (
-            settings,
-            registry,
-            access,
-            breaker,
-        )
+    def __init__(self, reads: RegistryReads) -> None:
+        self.settings, self.registry = reads.settings, reads.registry
+        self.access, self.breaker = reads.access, reads.breaker
         self._entries: tuple[list[tuple[str, dict]], int] | None = None  # (entries, generation)
         self._rendered: tuple[int | None, dict] = (None, {})  # generation, allowed -> JSON body
         self._refresh = threading.Lock()  # one thread re-reads the list, others wait

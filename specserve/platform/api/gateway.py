@@ -20,7 +20,7 @@ from specserve.platform.api.acceptance import AcceptanceRecorder
 from specserve.platform.api.catalog import Catalog
 from specserve.platform.api.metrics import Metrics
 from specserve.platform.api.openai_api import ApiError, ChatCompletionRequest, CompletionRequest
-from specserve.platform.api.resolve import Access, Resolver, StoreBreaker, bearer
+from specserve.platform.api.resolve import Access, RegistryReads, Resolver, StoreBreaker, bearer
 from specserve.platform.api.routes import BodyLimit, add_error_handlers, openai_router
 from specserve.platform.api.shaping import Reply, collect, sse
 from specserve.platform.backend import Backend, Overloaded
@@ -53,8 +53,8 @@ class Gateway:
         self.inflight: dict[str, int] = {m: 0 for m in settings.models}
         self.access = Access(settings.tenant_keys)
         self.breaker = StoreBreaker()  # shared: a store failure seen once backs both off
-        self.resolver = Resolver(settings, registry, self.access, self.breaker)
-        self.catalog = Catalog(settings, registry, self.access, self.breaker)
+        reads = RegistryReads(settings, registry, self.access, self.breaker)
+        self.resolver, self.catalog = Resolver(reads), Catalog(reads)
         self.acceptance = AcceptanceRecorder(registry).start()
         self._store_ok = (0.0, True, "")  # (checked_at, ok, error)
 

@@ -5,6 +5,7 @@ cached until the registry's generation moves and served from cache while the sto
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -70,22 +71,23 @@ class StoreBreaker:
         self._down_until = 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class RegistryReads:
+    """What the request path reads the registry with: the settings, the registry, who may see
+    what, and the breaker that stops asking a store that is down."""
+
+    settings: PlatformSettings
+    registry: Registry
+    access: Access
+    breaker: StoreBreaker
+
+
 class Resolver:
     """`model` -> (base model, Target) through the registry, one cached target per name."""
 
-    def __init__(
-        self,
-        settings: PlatformSettings,
-        registry: Registry,
-        access: Access,
-        breaker: StoreBreaker,
-    ) -> None:
-        self.settings, self.registry, self.access, self.breaker = (
-            settings,
-            registry,
-            access,
-            breaker,
-        )
+    def __init__(self, reads: RegistryReads) -> None:
+        self.settings, self.registry = reads.settings, reads.registry
+        self.access, self.breaker = reads.access, reads.breaker
         self._targets: dict[str, tuple[tuple[str, Target] | None, int]] = {}  # (found, generation)
         self._lock = threading.Lock()
 
