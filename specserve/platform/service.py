@@ -216,7 +216,10 @@ class ModelService:
         events: asyncio.Queue = asyncio.Queue()
 
         def sink(step, finished: bool) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, (step, finished))
+            # a consumer whose loop already closed (it cancelled, the step raced it) has nobody to
+            # tell; raising here would take the engine thread, and every other request, down
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(events.put_nowait, (step, finished))
 
         if not self.scheduler.running:
             self.start()
