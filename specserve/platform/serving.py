@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,7 +22,9 @@ from specserve.engine.dtype_choice import Workload
 from specserve.models.load import LoadedModel
 from specserve.paths import default_cache_dir
 from specserve.platform.service import ModelService
-from specserve.platform.settings import PlatformSettings
+
+if TYPE_CHECKING:  # the command line (and the GPU check) loads models without the platform's
+    from specserve.platform.settings import PlatformSettings  # environment parsing
 
 logger = logging.getLogger(__name__)
 SERVED_STRATEGIES = ("lookahead", "prompt_lookup")  # the tuned configs a replica starts with
