@@ -92,7 +92,10 @@ def cmd_loadtest(args) -> int:
     rows = [row for row in map(json.loads, args.data.read_text().splitlines()) if row.get("turns")]
     prompts = loadtest.interleave_tasks(rows)
     tasks = len({row.get("task") or row.get("category") or "" for row in rows})
-    results, engine = _run_modes(args, client, names, prompts, tasks, levels, modes)
+    traffic = loadtest.Traffic(  # what every phase sends: the variants (or the base model)
+        url=client.url, models=names or [args.model], prompts=prompts, max_tokens=args.max_tokens
+    )
+    results, engine = _run_modes(args, client, names, traffic, tasks, levels, modes)
     report = {
         "model": args.model,
         "device": device_name(torch.device("cpu")) + f" (server {client.url})",
@@ -109,7 +112,7 @@ def cmd_loadtest(args) -> int:
         "engine": engine,
     }
     # policy mode from here on: every variant's strategy is back to the policy's
-    _stress(args, client.url, names or [args.model], prompts, capacity, report)
+    _stress(args, traffic, capacity, report)
     if args.plot:
         try:
             loadtest.plot(report, args.plot)
@@ -135,9 +138,9 @@ def _ensure_variants(args, client, names: list[str]) -> None:
             client.register(name, args.model, str(Path(args.adapter).resolve()), {})
 
 
-def _run_modes(args, client, names, prompts, tasks, levels, modes) -> tuple[dict, dict]:
-    """(mode -> level -> summary, mode -> level -> where the engine loop's time went); every
-    variant's strategy forced per mode, and back to the policy's afterwards."""
+def _run_modes(args, client, names, traffic, tasks, levels, modes) -> tuple[dict, dict]:
+    """(mode -> level -> summary, mode -> level -> where the engine loop's time went) of
+    `traffic`; every variant's strategy forced per mode, and back to the policy's afterwards."""
     from specserve.tools import loadtest
 
     results: dict[str, dict[str, dict]] = {}
@@ -153,9 +156,7 @@ def _run_modes(args, client, names, prompts, tasks, levels, modes) -> tuple[dict
             for conc in levels:
                 count = loadtest.level_requests(args.requests, args.rounds, conc, tasks)
                 before = loadtest.engine_figures(loadtest.fetch(client.url, "/metrics"))
-                level = loadtest.run_level(
-                    client.url, names or [args.model], prompts, conc, count, args.max_tokens, first
-                )
+                level = loadtest.run_level(traffic, conc, count, first)
                 first += count
                 results.setdefault(mode, {})[str(conc)] = summary = loadtest.summarize(level)
                 after = loadtest.engine_figures(loadtest.fetch(client.url, "/metrics"))
@@ -168,26 +169,20 @@ def _run_modes(args, client, names, prompts, tasks, levels, modes) -> tuple[dict
     return results, engine
 
 
-def _stress(args, url: str, targets: list[str], prompts, capacity: int, report: dict) -> None:
-    """The overload and disconnect phases, when their flags are on, into `report`."""
+def _stress(args, traffic, capacity: int, report: dict) -> None:
+    """The overload and disconnect phases of `traffic`, when their flags are on, into `report`."""
     from specserve.tools import loadtest
 
     if args.overload_factor > 0:
         clients = int(args.overload_factor * capacity)
         log(f"overload: {clients} clients for {args.overload_seconds} s")
         report["overload"] = loadtest.run_overload(
-            url,
-            targets,
-            prompts,
-            clients,
-            args.overload_seconds,
-            args.max_tokens,
-            processes=args.overload_processes,
+            traffic, clients, args.overload_seconds, processes=args.overload_processes
         )
         log(f"overload: {report['overload']}")
     if args.disconnect > 0:
         log(f"disconnect: {args.disconnect} streams cut after {args.disconnect_after} tokens")
         report["disconnect"] = loadtest.run_disconnect(
-            url, targets, prompts, args.disconnect, args.disconnect_after, args.max_tokens
+            traffic, args.disconnect, args.disconnect_after
         )
         log(f"disconnect: {report['disconnect']}")

@@ -9,7 +9,7 @@ and the scripts use are here.
 """
 
 from specserve.tools.loadtest.chart import plot
-from specserve.tools.loadtest.client import fetch
+from specserve.tools.loadtest.client import Traffic, fetch
 from specserve.tools.loadtest.disconnect import run_disconnect
 from specserve.tools.loadtest.levels import (
     MODES,
@@ -23,6 +23,7 @@ from specserve.tools.loadtest.probes import engine_figures, engine_share
 
 __all__ = [
     "MODES",
+    "Traffic",
     "engine_figures",
     "engine_share",
     "fetch",

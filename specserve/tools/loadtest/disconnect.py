@@ -57,27 +57,18 @@ def cut_stream(
 
 
 def run_disconnect(
-    url: str,
-    models: list[str],
-    prompts: list[str],
-    streams: int,
-    after: int,
-    max_tokens: int,
-    timeout: float = 600.0,
-    poll_s: float = 0.05,
-    limit_s: float = 30.0,
+    traffic: Traffic, streams: int, after: int, poll_s: float = 0.05, limit_s: float = 30.0
 ) -> dict:
-    """The `disconnect` report: `streams` opened at once, cut together after `after` chunks."""
-    traffic = Traffic(
-        url=url, models=models, prompts=prompts, max_tokens=max_tokens, timeout=timeout
-    )
+    """The `disconnect` report: `streams` of `traffic` opened at once (each given its timeout to
+    reach `after` chunks), cut together after `after` chunks."""
+    url = traffic.url
     go, readies, cut = threading.Event(), [threading.Event() for _ in range(streams)], []
 
     def stream(i: int) -> None:
         cut.append(cut_stream(traffic.request(i), after, readies[i], go))
 
     with running(stream, streams):
-        deadline = time.perf_counter() + timeout
+        deadline = time.perf_counter() + traffic.timeout
         for ready in readies:
             ready.wait(max(0.0, deadline - time.perf_counter()))
         active_before = replica_active(url)

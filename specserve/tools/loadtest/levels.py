@@ -106,18 +106,9 @@ def stream_chat(request: ChatRequest) -> Sample:
         return Sample(False, error=f"{type(err).__name__}: {err}")
 
 
-def run_level(
-    url: str,
-    models: list[str],
-    prompts: list[str],
-    concurrency: int,
-    requests: int,
-    max_tokens: int,
-    first_prompt: int = 0,
-) -> Level:
-    """`requests` requests with `concurrency` in flight, round-robin over models, taking prompts
-    from `first_prompt` on (so levels of a run need not repeat prompts)."""
-    traffic = Traffic(url=url, models=models, prompts=prompts, max_tokens=max_tokens)
+def run_level(traffic: Traffic, concurrency: int, requests: int, first_prompt: int = 0) -> Level:
+    """`requests` of `traffic` with `concurrency` in flight, round-robin over its models, taking
+    prompts from `first_prompt` on (so levels of a run need not repeat prompts)."""
     level, tickets = Level(), Tickets(limit=requests)
 
     def worker(_: int) -> None:

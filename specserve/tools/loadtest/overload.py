@@ -148,21 +148,15 @@ def _hammer_in_processes(
 
 
 def run_overload(
-    url: str,
-    models: list[str],
-    prompts: list[str],
+    traffic: Traffic,
     clients: int,
     seconds: float,
-    max_tokens: int,
-    timeout: float = 600.0,
     kv_poll_s: float = 1.0,
     processes: int = 1,
 ) -> dict:
-    """The `overload` report: `clients` back-to-back streams for `seconds` (from `processes`
-    client processes), then the drain."""
-    traffic = Traffic(
-        url=url, models=models, prompts=prompts, max_tokens=max_tokens, timeout=timeout
-    )
+    """The `overload` report: `clients` back-to-back streams of `traffic` for `seconds` (from
+    `processes` client processes), then the drain of its server."""
+    url = traffic.url
     kv_before = replica_kv_reserved(url)
     stop, kv_seen = threading.Event(), []
     sampler = threading.Thread(target=_sample_kv, args=(url, stop, kv_poll_s, kv_seen))

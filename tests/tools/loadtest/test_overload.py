@@ -2,7 +2,7 @@
 against the fake server, from one or several client processes."""
 
 from specserve.tools.loadtest import overload
-from specserve.tools.loadtest.client import ChatRequest
+from specserve.tools.loadtest.client import ChatRequest, Traffic
 
 
 def test_summarize_overload_counts_percentiles_and_retry_after():
@@ -51,9 +51,10 @@ def test_attempt_chat_classifies_completed_truncated_refused_and_unreachable(fak
 
 def test_run_overload_end_to_end_against_fake_server(fake_server):
     with fake_server(refuse_every=2) as srv:
-        out = overload.run_overload(
-            srv.url, ["m", "m2"], ["a", "b", "c"], 4, 1.0, 5, timeout=10, kv_poll_s=0.2
+        traffic = Traffic(
+            url=srv.url, models=["m", "m2"], prompts=["a", "b", "c"], max_tokens=5, timeout=10
         )
+        out = overload.run_overload(traffic, 4, 1.0, kv_poll_s=0.2)
         posts = srv.posts
     assert out["clients"] == 4 and out["seconds"] == 1.0 and 1.0 <= out["wall_s"] < 3.0
     assert out["refused"] > 0 and out["completed"] > 0 and out["failed"] == 0
@@ -71,9 +72,8 @@ def test_run_overload_end_to_end_against_fake_server(fake_server):
 def test_run_overload_from_several_client_processes(fake_server):
     """Clients split over 2 spawned processes: every attempt of each process is counted."""
     with fake_server(refuse_every=3) as srv:
-        out = overload.run_overload(
-            srv.url, ["m"], ["a", "b"], 3, 0.5, 5, timeout=10, kv_poll_s=0.2, processes=2
-        )
+        traffic = Traffic(url=srv.url, models=["m"], prompts=["a", "b"], max_tokens=5, timeout=10)
+        out = overload.run_overload(traffic, 3, 0.5, kv_poll_s=0.2, processes=2)
         posts = srv.posts
     assert (out["clients"], out["processes"]) == (3, 2)
     assert out["refused"] > 0 and out["completed"] > 0 and out["failed"] == 0
