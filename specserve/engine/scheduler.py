@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
+from pydantic import BaseModel, ConfigDict
 
 from specserve.engine import hf_internals
 from specserve.engine.batch_cache import BatchKV
@@ -30,7 +31,7 @@ from specserve.engine.lora_batch import takes_adapters
 from specserve.engine.spec_budget import RowDraft, choose_cap
 from specserve.engine.tree import Draft, cap_draft
 
-__all__ = ["BatchSettings", "QueueFull", "Scheduler", "Ticket"]
+__all__ = ["BatchSettings", "Heartbeat", "QueueFull", "Scheduler", "Ticket"]
 log = logging.getLogger(__name__)
 
 
@@ -45,6 +46,19 @@ def _lower_priority(niceness: int) -> None:
         )
     except OSError as err:  # e.g. a sandbox without setpriority: run at the same priority
         log.warning("engine loop niceness not applied: %s", err)
+
+
+class Heartbeat(BaseModel):
+    """The loop thread's pulse, for health checks: whether it was started and still runs, how
+    long since it last finished an iteration (a step, the calls before it, or an idle wait),
+    and whether requests are waiting or running."""
+
+    model_config = ConfigDict(frozen=True)
+
+    started: bool
+    alive: bool
+    since_beat_s: float
+    pending: bool
 
 
 class QueueFull(RuntimeError):
@@ -102,6 +116,7 @@ class Scheduler:
         self._calls: deque[tuple[Callable[[], object], Future]] = deque()
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._beat = time.monotonic()  # the loop's last finished iteration (heartbeat)
         self._threads = torch.get_num_threads()  # the creator's intra-op threads, for the loop
 
     # --- called from any thread ---
@@ -153,6 +168,17 @@ class Scheduler:
                 "draft_cap": self.last_cap,
             }
 
+    def heartbeat(self) -> Heartbeat:
+        """Cheap: the lock is held only between steps, never across one."""
+        with self._lock:
+            pending = self._has_work()
+        return Heartbeat(
+            started=self._thread is not None,
+            alive=self.running,
+            since_beat_s=time.monotonic() - self._beat,
+            pending=pending,
+        )
+
     @property
     def decoding(self) -> list[Ticket]:
         """Requests in the decode batch, in row order."""
@@ -186,15 +212,18 @@ class Scheduler:
         while True:
             with self._lock:
                 while not self._stop and not self._calls and not self._has_work():
+                    self._beat = time.monotonic()
                     self._lock.wait(timeout=1.0)
                 if self._stop:
                     return
+                self._beat = time.monotonic()  # woken for work: a step is due from now
             self._run_calls()
             try:
                 self.step()
             except Exception as err:
                 log.exception("engine step failed; failing the requests it held")
                 self.fail_running(err)
+            self._beat = time.monotonic()
 
     def fail_running(self, err: BaseException) -> None:
         """End every prefilling and decoding request with `err` (their state is unknown after a

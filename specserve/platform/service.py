@@ -34,6 +34,20 @@ class Overloaded(Exception):
     """The model server cannot take the request now (queue full); the gateway answers 503."""
 
 
+class ReplicaLost(Exception):
+    """The model server holding a request died or became unreachable mid-request (raised by a
+    backend; the gateway ends the response with an error, or retries one that has not started)."""
+
+
+class ServiceHealth(BaseModel):
+    """Whether the engine loop serves: ok, else why not (a health check raises with it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ok: bool
+    reason: str = ""
+
+
 class Target(VariantView):
     """What the gateway resolved a `model` name to: the policy's view of the variant version
     (name None = the base model itself), where its adapter is, and the policy settings an admin
@@ -103,6 +117,18 @@ class ModelService:
 
     def stop(self) -> None:
         self.scheduler.stop()
+
+    def health(self, stall_s: float) -> ServiceHealth:
+        """Not ok when the engine loop thread died, or holds work and has not finished an
+        iteration for `stall_s` seconds (hung). A loop not started yet (it starts on the first
+        request) is healthy."""
+        beat = self.scheduler.heartbeat()
+        if beat.started and not beat.alive:
+            return ServiceHealth(ok=False, reason="engine loop thread is dead")
+        if beat.alive and beat.pending and beat.since_beat_s > stall_s:
+            reason = f"engine loop stalled: no step for {beat.since_beat_s:.1f} s with work queued"
+            return ServiceHealth(ok=False, reason=reason)
+        return ServiceHealth(ok=True)
 
     def stats(self) -> dict:
         """Figures for metrics and health: adapter LRU counters and ongoing requests."""

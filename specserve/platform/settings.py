@@ -160,6 +160,12 @@ class PlatformSettings(BaseModel):
         "1.05x cheaper, and in float32 only if bit-exact)",
     )
     batch: BatchSettings = Field(BatchSettings(), description="each replica's engine loop limits")
+    engine_stall_s: float = Field(
+        60.0,
+        gt=0,
+        description="a model server's health check fails when its engine loop holds work and "
+        "has not finished a step for this long (hung), as when the loop thread died",
+    )
     torch_threads: int | None = Field(
         None,
         ge=1,

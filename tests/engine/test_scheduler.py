@@ -260,3 +260,23 @@ def test_a_failing_step_ends_the_running_requests_and_the_loop_goes_on(engine):
         assert tickets["good"].state.output_ids and scheduler.reserved == 0
     finally:
         scheduler.stop()
+
+
+def test_heartbeat_tracks_the_loop_and_its_pending_work(engine):
+    scheduler = Scheduler(engine, BatchSettings(max_batch=2))
+    beat = scheduler.heartbeat()
+    assert (beat.started, beat.alive, beat.pending) == (False, False, False)
+    scheduler.submit(_start(engine), "a", True, _sink([], "a"))
+    assert scheduler.heartbeat().pending  # queued, no loop yet
+    scheduler.start()
+    done = threading.Event()
+    scheduler.submit(_start(engine), "a", True, lambda result, finished: finished and done.set())
+    assert done.wait(timeout=30)
+    for _ in range(100):  # the first request may still be leaving the batch
+        if not scheduler.heartbeat().pending:
+            break
+        threading.Event().wait(0.05)
+    beat = scheduler.heartbeat()
+    assert beat.started and beat.alive and not beat.pending and beat.since_beat_s < 2.0
+    scheduler.stop()
+    assert not scheduler.heartbeat().alive and scheduler.heartbeat().started

@@ -437,3 +437,73 @@ def test_serves_unload_then_the_objects_finalizer_release_once(service, make_ada
     service.adapters.ensure("back@1", path)  # routed here again: loaded again
     del held  # the finalizer of the old object
     assert "back@1" in service.adapters
+
+
+def _queue_one(service):
+    """Start a request on this thread and queue it to the engine loop (no consumer)."""
+    state, _, hold = service._prepare(_request(max_new=5))
+    service.scheduler.submit(state, "", False, lambda step, finished: None)
+    return hold
+
+
+def _wait_for(predicate, timeout_s: float = 10.0) -> float:
+    """Seconds until `predicate()` held; fails after `timeout_s`."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < timeout_s, "condition not reached"
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+def test_an_idle_loop_is_healthy_started_or_not(service):
+    assert service.health(stall_s=0.05).ok  # not started yet: it starts on the first request
+    service.start()
+    time.sleep(0.3)  # idle far past the bound: nothing queued, so not a stall
+    assert service.health(stall_s=0.05).ok
+    assert _run(service, _request(max_new=3))[-1].usage.completion_tokens == 3
+    assert service.health(stall_s=0.05).ok
+
+
+def test_a_dead_engine_loop_is_unhealthy(service, monkeypatch):
+    """The loop thread dies when even failing a broken step's requests fails."""
+    import threading
+
+    died = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+
+    def broken(*args):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(service.scheduler, "step", broken)
+    monkeypatch.setattr(service.scheduler, "fail_running", broken)
+    service.start()
+    assert service.health(stall_s=60).ok
+    hold = _queue_one(service)
+    _wait_for(lambda: not service.scheduler.running)
+    health = service.health(stall_s=60)
+    assert not health.ok and health.reason == "engine loop thread is dead"
+    assert [str(d.exc_value) for d in died] == ["injected"]
+    hold.close()
+
+
+def test_a_hung_engine_loop_with_work_is_unhealthy_after_the_bound(service, monkeypatch):
+    import threading
+
+    release = threading.Event()
+    step = service.scheduler.step
+
+    def hung():
+        release.wait(timeout=30)
+        return step()
+
+    monkeypatch.setattr(service.scheduler, "step", hung)
+    service.start()
+    hold = _queue_one(service)
+    assert service.health(stall_s=0.5).ok  # within the bound
+    detected = _wait_for(lambda: not service.health(stall_s=0.5).ok)
+    assert 0.3 < detected < 2.0
+    assert service.health(stall_s=0.5).reason.startswith("engine loop stalled: no step for")
+    release.set()
+    _wait_for(lambda: service.scheduler.active() == 0)
+    assert service.health(stall_s=0.5).ok
+    hold.close()

@@ -1,6 +1,7 @@
 """The admin API (/admin, bearer token): register/list/show/delete variants, force a strategy,
-read/change policy settings, start/follow/cancel drafter training. 401 without a token, 403 wrong.
-The variant list is paged (`limit`, `after` a name; `has_more`, `first_id`, `last_id`).
+read/change policy settings, start/follow/cancel drafter training. 401 without a token, 403 wrong;
+a variant may not take a served model's name; the list is paged (`limit`, `after`; `has_more`,
+`first_id`, `last_id`). A store outage answers 503 registry_unavailable (routes.py's handler).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec, validate_adapter
 from specserve.adapters.variants import VariantKey
 from specserve.engine.proposers import REGISTRY
-from specserve.platform.api.openai_api import ApiError
+from specserve.platform.api.openai_api import RETRY_LATER, ApiError
 from specserve.platform.state.records import DrafterStatus, VariantSpec, VariantState
 from specserve.platform.state.registry import MAX_PAGE, Registry, UnknownVariant
 from specserve.policies.router import decide
@@ -82,6 +83,7 @@ class Admin:
         return self.default_policy if stored is None else stored
 
     def register(self, body: RegisterBody) -> dict:
+        self._check_name(body.name)
         spec = self.base_specs.get(body.base_model)
         if spec is None:
             raise ApiError(
@@ -90,14 +92,10 @@ class Admin:
                 param="base_model",
                 code="unknown_base_model",
             )
-        path = Path(body.adapter_path)
         try:
-            VariantKey(body.name, 1)
-            checked = validate_adapter(path, spec, self.limits)
+            checked = validate_adapter(Path(body.adapter_path), spec, self.limits)
         except AdapterError as err:
             raise ApiError(400, str(err), param="adapter_path", code=err.code) from None
-        except ValueError as err:
-            raise ApiError(400, str(err), param="name", code="invalid_name") from None
         record = self.registry.register(
             VariantSpec(
                 name=body.name,
@@ -111,6 +109,23 @@ class Admin:
             "rank": checked.rank,
             "target_modules": list(checked.target_modules),
         }
+
+    def _check_name(self, name: str) -> None:
+        """400 naming `name` unless it is a valid variant name that no served model id (or a
+        name a base model answers to) takes, whatever the case: an id means one model."""
+        taken = {n.casefold(): n for m, spec in self.base_specs.items() for n in (m, *spec.names)}
+        if name.casefold() in taken:
+            raise ApiError(
+                400,
+                f"name {name!r} is taken by the base model {taken[name.casefold()]!r}; a variant"
+                f" may not be named like a served model (served: {sorted(self.base_specs)})",
+                param="name",
+                code="reserved_name",
+            )
+        try:
+            VariantKey(name, 1)
+        except ValueError as err:
+            raise ApiError(400, str(err), param="name", code="invalid_name") from None
 
     def show(self, name: str) -> dict:
         return _describe(self._variant(name), self.policy())
@@ -210,7 +225,7 @@ class Admin:
 
 
 def admin_router(admin: Admin) -> APIRouter:
-    router = APIRouter(prefix="/admin", dependencies=[Depends(admin.check)])
+    router = APIRouter(prefix="/admin", dependencies=[Depends(admin.check)], responses=RETRY_LATER)
 
     @router.post("/variants", status_code=201)
     def register(body: RegisterBody):

@@ -17,15 +17,15 @@ from fastapi.responses import Response, StreamingResponse
 
 from specserve.engine.sampling import SamplingParams
 from specserve.platform.api.acceptance import AcceptanceRecorder
-from specserve.platform.api.catalog import Catalog
+from specserve.platform.api.catalog import Catalog, ModelList
 from specserve.platform.api.metrics import Metrics
 from specserve.platform.api.openai_api import ApiError, ChatCompletionRequest, CompletionRequest
 from specserve.platform.api.resolve import Access, RegistryReads, Resolver, StoreBreaker, bearer
 from specserve.platform.api.routes import BodyLimit, add_error_handlers, openai_router
-from specserve.platform.api.shaping import Reply, collect, sse
+from specserve.platform.api.shaping import Reply, collect, sse, stream_failure
 from specserve.platform.backend import Backend, Overloaded
 from specserve.platform.events import Delta, Done
-from specserve.platform.service import GenerateRequest, Target
+from specserve.platform.service import GenerateRequest, ReplicaLost, Target
 from specserve.platform.settings import PlatformSettings
 from specserve.platform.state.registry import Registry
 from specserve.platform.state.store import StoreError
@@ -61,9 +61,9 @@ class Gateway:
     def resolve(self, model: str, api_key: str | None) -> tuple[str, Target]:
         return self.resolver.resolve(model, api_key)
 
-    def models_body(self, api_key: str | None) -> bytes:
-        """The JSON body of /v1/models: the models this caller may see (see Catalog)."""
-        return self.catalog.body(self.access.allowed(api_key))
+    def models(self, api_key: str | None) -> ModelList:
+        """/v1/models: the models this caller may see, and whether the list is stale (Catalog)."""
+        return self.catalog.models(self.access.allowed(api_key))
 
     def flush_acceptance(self) -> None:
         self.acceptance.flush()
@@ -114,7 +114,8 @@ class Gateway:
             def release() -> None:
                 self.inflight[base_model] -= 1
 
-            body = sse(reply, first, events, include_usage, self._observe, release)
+            on_error = self.metrics.observe_stream_error
+            body = sse(reply, first, events, include_usage, self._observe, release, on_error)
             return StreamingResponse(
                 body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
             )
@@ -191,6 +192,8 @@ async def _first(events: AsyncIterator[Delta | Done]) -> Delta | Done:
 
     try:
         return await anext(events)
+    except ReplicaLost as err:  # lost before the first event, and again on the one retry
+        raise stream_failure(err, "before the first event") from None
     except Overloaded as err:
         raise ApiError(
             503, str(err), "overloaded_error", code="overloaded", headers={"Retry-After": "1"}

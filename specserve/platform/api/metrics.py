@@ -1,6 +1,6 @@
 """Prometheus metrics of the gateway, in one registry per process, with bounded label cardinality.
 
-Per request: count, errors, latency, time to first token, inter-token latency, generated tokens,
+Per request: count, errors (streams ended by an error event too), latency, time to first token, inter-token latency, generated tokens,
 forwards, drafts and accepted tokens per draft position; plus adapter loads/evictions and store
 health as reported by the model servers. At most `max_variants` variant labels, then "other".
 """
@@ -181,6 +181,11 @@ class Metrics:
 
     def observe_error(self, endpoint: str, status: int, code: str | None) -> None:
         self.errors.labels(endpoint, str(status), code or "none").inc()
+
+    def observe_stream_error(self, endpoint: str, code: str) -> None:
+        """A stream ended by an error event (its HTTP status, sent with the first byte, was 200;
+        `code` tells these apart, e.g. replica_lost)."""
+        self.errors.labels(endpoint, "200", code).inc()
 
     def observe_replica(self, base_model: str, replica: str, stats: dict) -> None:
         """Adapter and pool-sync figures a model-server replica reported."""

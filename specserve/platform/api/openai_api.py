@@ -1,7 +1,6 @@
-"""OpenAI-compatible request bodies and error shapes (completions and chat completions).
-
-Requests are strict: unknown fields, unsupported values (n > 1, logprobs, penalties) and bad types
-are a 400 naming the field, as OpenAI's own API does. `ApiError` carries an OpenAI error body.
+"""OpenAI-compatible request bodies and error shapes: requests are strict (unknown fields,
+unsupported values, bad types: a 400 naming the field, as OpenAI's API does); `ApiError` is an
+OpenAI error body, `registry_unavailable` and `internal_error` the ones any route may answer.
 """
 
 from __future__ import annotations
@@ -34,14 +33,53 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        detail = ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
+        return ErrorBody(error=detail).model_dump()
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """An OpenAI error response body."""
+
+    error: ErrorDetail
+
+
+REGISTRY_RETRY_AFTER_S = 2
+RETRY_LATER = {
+    503: {
+        "model": ErrorBody,
+        "description": "`registry_unavailable` (the variant registry's store is down) or, on a "
+        "model request, `overloaded`: retry after `Retry-After` seconds",
+        "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}},
+    }
+}  # the OpenAPI `responses` of a route that may answer 503
+
+
+def registry_unavailable() -> ApiError:
+    """503 `registry_unavailable`: the variant registry's store cannot be read or written now."""
+    return ApiError(
+        503,
+        "the variant registry is unreachable; retry shortly",
+        "server_error",
+        code="registry_unavailable",
+        headers={"Retry-After": str(REGISTRY_RETRY_AFTER_S)},
+    )
+
+
+def internal_error() -> ApiError:
+    """500 `internal_error` for an unexpected exception: a short message, the detail is logged."""
+    return ApiError(
+        500,
+        "internal server error; the details are in the server log",
+        "server_error",
+        code="internal_error",
+    )
 
 
 class StreamOptions(BaseModel):

@@ -12,7 +12,7 @@ import time
 
 from fastapi import Request
 
-from specserve.platform.api.openai_api import ApiError
+from specserve.platform.api.openai_api import ApiError, registry_unavailable
 from specserve.platform.service import Target
 from specserve.platform.settings import PlatformSettings, TenantKeys
 from specserve.platform.state.records import VariantState
@@ -110,13 +110,7 @@ class Resolver:
             entry = self._targets.get(model)
         if self.breaker.open:
             if entry is None:
-                raise ApiError(
-                    503,
-                    "the variant registry is unreachable; retry shortly",
-                    "server_error",
-                    code="registry_unavailable",
-                    headers={"Retry-After": "2"},
-                )
+                raise registry_unavailable()
             return entry[0]
         try:
             generation = self.registry.generation()  # one small read; bumped on every write

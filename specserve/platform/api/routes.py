@@ -1,47 +1,57 @@
 """The HTTP surface of the gateway: the OpenAI routes (`/v1/completions`, `/v1/chat/completions`,
-`/v1/models`), `/healthz` and `/metrics`; OpenAI-shaped error handlers; and `BodyLimit`, which
-answers 413 for a body above the limit before the app reads it.
+`/v1/models`), `/healthz` and `/metrics`; error handlers that answer every failure as an OpenAI
+error body (a store outage: 503 registry_unavailable); `BodyLimit` (413 before the app reads).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specserve.platform.api.metrics import Metrics
 from specserve.platform.api.openai_api import (
+    RETRY_LATER,
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
+    internal_error,
+    registry_unavailable,
     validation_error,
 )
 from specserve.platform.api.resolve import bearer
+from specserve.platform.state.store import StoreError
 
 if TYPE_CHECKING:
     from specserve.platform.api.gateway import Gateway
+
+log = logging.getLogger(__name__)
+STALE_HEADER = "x-specserve-stale"  # "true" on a model list served from cache, the store down
 
 
 def openai_router(gateway: Gateway) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/v1/completions")
+    @router.post("/v1/completions", responses=RETRY_LATER)
     async def completions(body: CompletionRequest, request: Request):
         return await gateway.run("completions", body, request)
 
-    @router.post("/v1/chat/completions")
+    @router.post("/v1/chat/completions", responses=RETRY_LATER)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await gateway.run("chat", body, request)
 
     @router.get("/v1/models")
     async def list_models(request: Request):
         # a thread: a cache miss reads the store
-        body = await asyncio.to_thread(gateway.models_body, bearer(request))
-        return Response(body, media_type="application/json")
+        models = await asyncio.to_thread(gateway.models, bearer(request))
+        headers = {STALE_HEADER: "true"} if models.stale else {}
+        return Response(models.body, media_type="application/json", headers=headers)
 
     @router.get("/healthz")
     async def healthz():
@@ -57,12 +67,17 @@ def openai_router(gateway: Gateway) -> APIRouter:
 
 
 def add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
-    """ApiError and request validation errors as OpenAI error bodies, counted in `metrics`."""
+    """Every failure as an OpenAI error body, counted in `metrics`: ApiError as raised, request
+    validation as 400, HTTP errors (unknown route, method) with their status, a store outage as
+    503 registry_unavailable, and anything else as a 500 whose detail goes only to the log."""
+
+    def answer(request: Request, err: ApiError) -> JSONResponse:
+        metrics.observe_error(_endpoint(request), err.status, err.code)
+        return JSONResponse(err.body(), err.status, headers=err.headers)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, err: ApiError):
-        metrics.observe_error(request.url.path, err.status, err.code)
-        return JSONResponse(err.body(), err.status, headers=err.headers)
+        return answer(request, err)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError):
@@ -71,8 +86,28 @@ def add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
             api = ApiError(400, f"malformed JSON body: {errors[0].get('msg')}", code="invalid_json")
         else:
             api = validation_error(err)
-        metrics.observe_error(request.url.path, 400, api.code)
-        return JSONResponse(api.body(), 400)
+        return answer(request, api)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, err: HTTPException):
+        message = f"{err.detail} ({request.method} {request.url.path})"
+        return answer(request, ApiError(err.status_code, message, headers=err.headers))
+
+    @app.exception_handler(StoreError)
+    async def _store_down(request: Request, err: StoreError):
+        log.warning("%s %s: registry store failed: %s", request.method, _endpoint(request), err)
+        return answer(request, registry_unavailable())
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, err: Exception):
+        log.error("%s %s failed", request.method, _endpoint(request), exc_info=err)
+        return answer(request, internal_error())
+
+
+def _endpoint(request: Request) -> str:
+    """The route's path template (`/admin/variants/{name}`), so metric labels stay few."""
+    route = request.scope.get("route")
+    return getattr(route, "path", "unmatched")
 
 
 class BodyLimit:

@@ -1,12 +1,14 @@
 """Model-server events as OpenAI responses: one JSON body (`collect`) or server-sent events
 (`sse`), for chat and text completions, with the `specserve` object of the final event.
-`Reply` holds one response's id, creation time and token timing.
+`Reply` holds one response's id, creation time and token timing. A model server failing mid-reply
+(`stream_failure`) ends it with an OpenAI error: a 503 body, or a final SSE error event.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -14,9 +16,27 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from specserve.platform.api.openai_api import ApiError
 from specserve.platform.events import Delta, Done
+from specserve.platform.service import ReplicaLost
+
+log = logging.getLogger(__name__)
 
 OnDone = Callable[["Reply", Done], None]  # called once the final event arrived
+OnStreamError = Callable[[str, str], None]  # (endpoint, code): a stream ended by an error event
+STREAM_RETRY_AFTER_S = 1
+
+
+def stream_failure(err: Exception, request_id: str) -> ApiError:
+    """The client's view of a model server failing mid-reply: a short 503 (no traceback, pid, IP
+    or path; those go to the log under `request_id`)."""
+    if isinstance(err, ReplicaLost):
+        message, code = "the model server handling this request was lost; retry", "replica_lost"
+    else:
+        message, code = "the model server failed while generating; retry", "stream_error"
+    log.error("%s: %s: %s", request_id, code, err, exc_info=err)
+    headers = {"Retry-After": str(STREAM_RETRY_AFTER_S)}
+    return ApiError(503, message, "server_error", code=code, headers=headers)
 
 
 class Reply:
@@ -77,7 +97,8 @@ async def collect(
     http: Request,
     on_done: OnDone,
 ) -> JSONResponse:
-    """The whole response; stops the decode if the client disconnects."""
+    """The whole response; stops the decode if the client disconnects. A model server failing
+    after the first event raises ApiError 503 (`stream_failure`)."""
     parts, event = [], first
     while isinstance(event, Delta):
         reply.tick()
@@ -85,7 +106,10 @@ async def collect(
         if await http.is_disconnected():
             await events.aclose()
             raise asyncio.CancelledError("client disconnected")
-        event = await anext(events)
+        try:
+            event = await anext(events)
+        except Exception as err:  # noqa: BLE001 - any failure of the model server: a 503 body
+            raise stream_failure(err, reply.id) from None
     on_done(reply, event)
     body = reply.envelope([reply.choice("".join(parts), event.finish_reason)], whole=True)
     return JSONResponse(
@@ -100,18 +124,28 @@ async def sse(
     include_usage: bool,
     on_done: OnDone,
     on_close: Callable[[], None],
+    on_error: OnStreamError | None = None,
 ) -> AsyncIterator[str]:
     """The response as server-sent events, ending `data: [DONE]`; `on_close` runs when the
-    stream ends, however it ends (the events are closed with it)."""
+    stream ends, however it ends (the events are closed with it). A model server failing
+    mid-stream ends it with one OpenAI error event, then `[DONE]`, told to `on_error`."""
     try:
         if reply.endpoint == "chat":
             role = {"role": "assistant", "content": ""}
             yield _data(reply.envelope([{"index": 0, "delta": role, "finish_reason": None}]))
         event = first
-        while isinstance(event, Delta):
-            reply.tick()
-            yield _data(reply.envelope([reply.chunk_choice(event.text, None)]))
-            event = await anext(events)
+        try:
+            while isinstance(event, Delta):
+                reply.tick()
+                yield _data(reply.envelope([reply.chunk_choice(event.text, None)]))
+                event = await anext(events)
+        except Exception as err:  # noqa: BLE001 - the replica died or failed: still an end event
+            failure = stream_failure(err, reply.id)
+            if on_error is not None:
+                on_error(reply.endpoint, failure.code)
+            yield _data(failure.body())
+            yield "data: [DONE]\n\n"
+            return
         on_done(reply, event)
         final = reply.envelope([reply.chunk_choice("", event.finish_reason)])
         yield _data(final | {"specserve": event.specserve.model_dump()})

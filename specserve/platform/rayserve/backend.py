@@ -1,6 +1,8 @@
 """The gateway's `Backend` under Ray Serve: streams from `ModelServer` deployment handles,
-multiplexed by variant@version, turning the event dicts a replica yields back into models.
-Light to import (the Serve application builder imports it): the service loads on first use."""
+multiplexed by variant@version, turning the event dicts a replica yields back into models. A
+replica lost before its first event is retried once (Serve routes around the dead one); lost
+later, the stream raises `ReplicaLost`. Light to import (the Serve application builder imports
+it): the service and Ray load on first use."""
 
 from __future__ import annotations
 
@@ -14,6 +16,17 @@ if TYPE_CHECKING:
     from specserve.platform.service import GenerateRequest
 
 log = logging.getLogger(__name__)
+RETRIES_BEFORE_FIRST_EVENT = 1  # a request not started yet is safe to send again
+
+
+def _replica_lost(err: Exception) -> bool:
+    """The replica's process or node went away (not an error the model server raised)."""
+    from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
+    from ray.serve.exceptions import ReplicaUnavailableError
+
+    return isinstance(
+        err, RayActorError | WorkerCrashedError | NodeDiedError | ReplicaUnavailableError
+    )
 
 
 class ServeBackend:
@@ -23,6 +36,27 @@ class ServeBackend:
         self.servers = servers
 
     async def stream(
+        self, base_model: str, request: GenerateRequest
+    ) -> AsyncIterator[Delta | Done]:
+        from specserve.platform.service import ReplicaLost
+
+        for attempt in range(1, RETRIES_BEFORE_FIRST_EVENT + 2):
+            started = False
+            try:
+                async for event in self._events(base_model, request):
+                    started = True
+                    yield event
+                return
+            except Exception as err:
+                if not _replica_lost(err):
+                    raise
+                if started or attempt > RETRIES_BEFORE_FIRST_EVENT:
+                    raise ReplicaLost(f"{base_model}: replica lost: {err}") from err
+                log.warning(
+                    "%s: replica lost before the first event, retrying: %s", base_model, err
+                )
+
+    async def _events(
         self, base_model: str, request: GenerateRequest
     ) -> AsyncIterator[Delta | Done]:
         from ray.serve.exceptions import BackPressureError

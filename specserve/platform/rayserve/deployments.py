@@ -64,6 +64,7 @@ class ModelServer:
         cache_dir = platform_cache_dir(settings)
         self.compile = BatchCompile().start(self.service, settings.compile, model_id, cache_dir)
         self.model_id = model_id
+        self.stall_s = settings.engine_stall_s
         self.replica = serve.get_replica_context().replica_id.unique_id
         self._warm: set = set()
         self.variant = variant_cache(self.service)
@@ -86,6 +87,14 @@ class ModelServer:
             if isinstance(event, Done):  # which replica served it (routing is observable)
                 event = event.served_by(self.replica)
             yield event.model_dump()
+
+    def check_health(self) -> None:
+        """Serve's periodic probe (health_check_period_s in specserve/configs/serve.yaml): raising
+        makes Serve replace this replica, when its engine loop died or hangs with work queued."""
+        health = self.service.health(self.stall_s)
+        if not health.ok:
+            log.error("replica %s of %s unhealthy: %s", self.replica, self.model_id, health.reason)
+            raise RuntimeError(f"{self.model_id}: {health.reason}")
 
     def stats(self) -> dict:
         health = self.sync.health()

@@ -5,6 +5,7 @@ its adapter (routing itself is pinned on a local Ray by tests/e2e/test_multiplex
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -49,3 +50,22 @@ def test_serves_cache_is_the_resident_sets_count(service, monkeypatch, make_adap
     held = asyncio.run(hold("c@1"))
     held.__del__()  # Serve's unload of the variant
     assert service.adapters.names == ["b@1"]
+
+
+def test_check_health_raises_once_the_engine_loop_is_dead(service, monkeypatch):
+    """Serve replaces a replica whose check_health raises (no Ray here: the method itself)."""
+    server = object.__new__(deployments.ModelServer.func_or_class)
+    server.service, server.stall_s, server.model_id, server.replica = service, 60.0, "tiny", "r1"
+    server.check_health()  # not started: healthy
+    service.start()
+    server.check_health()
+
+    def exit_thread():
+        raise SystemExit  # ends the loop thread, as an uncaught failure would
+
+    monkeypatch.setattr(service.scheduler, "step", exit_thread)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # expected: not reported
+    service.scheduler.call(lambda: None)  # wakes the loop: its next step exits
+    service.scheduler._thread.join(timeout=10)
+    with pytest.raises(RuntimeError, match="tiny: engine loop thread is dead"):
+        server.check_health()

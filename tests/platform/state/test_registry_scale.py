@@ -97,7 +97,7 @@ def test_concurrent_calls_after_a_change_read_the_list_once():
     registry = Registry(CallStore(counted))
     fill(registry, 200)
     _, gateway = app_of(registry)
-    gateway.models_body(None)
+    gateway.models(None)
     registry.register(spec("new"))
     counted.calls.clear()
     barrier = threading.Barrier(8)
@@ -105,7 +105,7 @@ def test_concurrent_calls_after_a_change_read_the_list_once():
 
     def call():
         barrier.wait(5)
-        bodies.append(gateway.models_body(None))
+        bodies.append(gateway.models(None).body)
 
     threads = [threading.Thread(target=call) for _ in range(8)]
     for t in threads:
