@@ -46,8 +46,8 @@ def _timed(fn: Callable[[], object], calls: int) -> list[float]:
 
 @contextlib.contextmanager
 def _store(kind: str):
-    from specserve.platform.state.embedded import EmbeddedRedis
     from specserve.platform.state.memory_store import MemoryStore
+    from specserve.platform.state.redis_server import EmbeddedRedis
     from specserve.platform.state.redis_store import RedisStore
 
     if kind == "memory":
@@ -68,7 +68,7 @@ def _http(app):
     """The app on a loopback port (uvicorn in a thread) for the CLI's real HTTP client."""
     import uvicorn
 
-    from specserve.platform.state.embedded import free_port
+    from specserve.platform.state.redis_server import free_port
 
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning")

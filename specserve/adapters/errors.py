@@ -62,3 +62,10 @@ class AdapterCapacityError(AdapterError):
     """Every resident adapter is in use, so none can be evicted to make room."""
 
     code = "adapter_capacity"
+
+
+class AdapterDigestError(AdapterError):
+    """The adapter's bytes differ from the sha256 registered for its version (changed or corrupted
+    after registration): never served."""
+
+    code = "adapter_digest_mismatch"

@@ -1,15 +1,17 @@
 """Adapters resident on one shared base model: validated, held as tensors in its LoRAStore, evicted
 least-recently-used within a byte budget (a share of free memory), never while a request holds one.
 
-`prepare(name, path)` validates and builds the tensors (any thread: file reads, sha256 and
-conversion stay off the decode loop); `install(prepared)` hands them to the store (the engine
-thread, between steps: a dict insert). `ensure` does both. `stats` feeds the metrics layer.
+`prepare(name, path, sha256)` validates, checks the bytes read against the registered sha256 and
+builds the tensors (any thread: file reads, hashing and conversion stay off the decode loop);
+`install(prepared)` hands them to the store (the engine thread, between steps: a dict insert).
+`ensure` does both. `stats` feeds the metrics layer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import re
 import threading
 import time
@@ -18,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specserve.adapters.errors import AdapterCapacityError, SizeLimitError
+from specserve.adapters.errors import AdapterCapacityError, AdapterDigestError, SizeLimitError
 from specserve.adapters.memory import budget_bytes, reference_adapter_bytes
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.tensors import adapter_tensors, store_dtype
@@ -26,6 +28,7 @@ from specserve.adapters.validate import BaseModelSpec, ValidatedAdapter, validat
 from specserve.engine.lora import BASE_ADAPTER
 from specserve.engine.lora_store import attach_store
 
+log = logging.getLogger(__name__)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-@]{0,127}")
 PENDING_LIMIT = 64  # prepared adapters awaiting their hand-over, at most
 
@@ -103,17 +106,21 @@ class ResidentAdapters:
         self.limits = self.limits.model_copy(update={"max_resident": self.capacity})
         return self.capacity
 
-    def ensure(self, name: str, path: str | Path) -> ValidatedAdapter:
+    def ensure(self, name: str, path: str | Path, sha256: str | None = None) -> ValidatedAdapter:
         """Make `name` resident (validating and loading `path` if it is not) and most recent."""
         while True:
-            prepared = self.prepare(name, path)
+            prepared = self.prepare(name, path, sha256)
             if prepared is not None:
                 return self.install(prepared)
             with contextlib.suppress(KeyError):  # evicted since `prepare` looked: load it again
                 return self.touch(name)
 
-    def prepare(self, name: str, path: str | Path) -> PreparedAdapter | None:
-        """Validate and convert `path` for `name`; None when it is resident already."""
+    def prepare(
+        self, name: str, path: str | Path, sha256: str | None = None
+    ) -> PreparedAdapter | None:
+        """Validate and convert `path` for `name`; None when it is resident already. `sha256`:
+        the digest registered for it (None: a local adapter with none), checked on every read from
+        disk; a mismatch raises AdapterDigestError and loads nothing."""
         _check_name(name)
         with self._lock:
             lock = self._loading.setdefault(name, threading.Lock())
@@ -125,6 +132,7 @@ class ResidentAdapters:
             started = time.perf_counter()
             try:
                 adapter = validate_adapter(path, self.spec, self.limits)
+                _check_digest(name, adapter, sha256)
                 tensors = adapter_tensors(adapter, self.dtype, self.device)
                 n_bytes = sum(t.numel() * t.element_size() for p in tensors.values() for t in p)
                 self._check_fits(n_bytes)
@@ -224,6 +232,17 @@ class ResidentAdapters:
     def _refused(self, err: Exception) -> None:
         code = getattr(err, "code", type(err).__name__)
         self.stats.refusals[code] = self.stats.refusals.get(code, 0) + 1
+
+
+def _check_digest(name: str, adapter: ValidatedAdapter, sha256: str | None) -> None:
+    """Refuse (and log as broken) an adapter whose bytes are not the ones registered."""
+    if sha256 is not None and adapter.sha256 != sha256:
+        err = AdapterDigestError(
+            f"adapter of {name} has sha256 {adapter.sha256[:12]}..., registered"
+            f" {sha256[:12]}...: its files changed after registration; refused"
+        )
+        log.error("variant %s is broken, not served: %s (at %s)", name, err, adapter.path)
+        raise err
 
 
 def _check_name(name: str) -> None:

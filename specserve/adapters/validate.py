@@ -1,8 +1,8 @@
 """Validate a user's LoRA adapter directory against the served base model, loading nothing.
 
 `validate_adapter(path, base, limits)` reads the config and the safetensors *header* (plus the
-weight bytes, which are returned so the caller loads exactly what was checked) and raises one
-`AdapterError` subclass per reason; see errors.py.
+weight bytes, which are returned so the caller loads exactly what was checked, with the sha256 of
+exactly those bytes) and raises one `AdapterError` subclass per reason; see errors.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from specserve.adapters.errors import (
     TargetModuleError,
     UnsupportedAdapterError,
 )
-from specserve.adapters.fingerprint import adapter_sha256
+from specserve.adapters.fingerprint import contents_sha256
 from specserve.adapters.settings import AdapterLimits
 
 CONFIG_FILE = "adapter_config.json"
@@ -72,7 +72,7 @@ class ValidatedAdapter:
     weights: bytes  # the safetensors file as validated; load from these, not from disk again
     rank: int
     target_modules: tuple[str, ...]
-    sha256: str
+    sha256: str  # of the bytes read for the checks (config and `weights`), not re-read later
 
     @property
     def n_bytes(self) -> int:
@@ -85,7 +85,7 @@ def validate_adapter(
     """Every check, cheapest first; raises on the first failure. Nothing is imported or unpickled."""
     adapter_dir = _inside_root(Path(path), limits.root)
     _no_pickles_or_escapes(adapter_dir, limits.root)
-    config = _read_config(adapter_dir, limits)
+    raw_config, config = _read_config(adapter_dir, limits)
     weights = _read_weights(adapter_dir, limits)
     _check_config(config, base, limits)
     header = _safetensors_header(weights)
@@ -97,7 +97,7 @@ def validate_adapter(
         weights=weights,
         rank=rank,
         target_modules=tuple(sorted({m.rsplit(".", 1)[-1] for m in modules})),
-        sha256=adapter_sha256(adapter_dir),
+        sha256=contents_sha256(raw_config, weights),
     )
 
 
@@ -142,7 +142,7 @@ def _read_file(adapter_dir: Path, name: str, limit: int) -> bytes:
     return path.read_bytes()
 
 
-def _read_config(adapter_dir: Path, limits: AdapterLimits) -> dict:
+def _read_config(adapter_dir: Path, limits: AdapterLimits) -> tuple[bytes, dict]:
     raw = _read_file(adapter_dir, CONFIG_FILE, limits.max_config_bytes)
     try:
         config = json.loads(raw)
@@ -150,7 +150,7 @@ def _read_config(adapter_dir: Path, limits: AdapterLimits) -> dict:
         raise CorruptAdapterError(f"adapter {CONFIG_FILE} is not valid JSON: {err}") from None
     if not isinstance(config, dict):
         raise CorruptAdapterError(f"adapter {CONFIG_FILE} must hold a JSON object")
-    return config
+    return raw, config
 
 
 def _read_weights(adapter_dir: Path, limits: AdapterLimits) -> bytes:

@@ -206,13 +206,13 @@ class ModelService:
         return self._drafters[cache_key]
 
     def prepare_variant(self, target: Target) -> PreparedAdapter | None:
-        """Validate and convert the target's adapter unless resident (a worker thread: the
-        engine loop keeps stepping meanwhile)."""
+        """Validate, check against its registered sha256 and convert the target's adapter unless
+        resident (a worker thread: the engine loop keeps stepping meanwhile)."""
         if target.key is None:
             return None
         if not target.adapter_path:
             raise ValueError(f"variant {target.key}: no adapter path")
-        return self.adapters.prepare(str(target.key), target.adapter_path)
+        return self.adapters.prepare(str(target.key), target.adapter_path, target.adapter_sha256)
 
     def ensure_variant(self, target: Target, prepared: PreparedAdapter | None = None) -> str:
         """Make the target's adapter resident (installing `prepared`, else loading it here);
@@ -224,7 +224,7 @@ class ModelService:
             return prepared.name
         if not target.adapter_path:
             raise ValueError(f"variant {target.key}: no adapter path")
-        self.adapters.ensure(str(target.key), target.adapter_path)
+        self.adapters.ensure(str(target.key), target.adapter_path, target.adapter_sha256)
         return str(target.key)
 
     def release_variant(self, key: str) -> None:

@@ -38,3 +38,11 @@ def test_format_is_name_length_bytes_of_each_file_in_order(tmp_path):
         data = (d / name).read_bytes()
         reference.update(f"{name}\0{len(data)}\0".encode() + data)
     assert adapter_sha256(d) == reference.hexdigest()
+
+
+def test_fingerprint_of_bytes_read_equals_the_directory_fingerprint(tmp_path):
+    from specserve.adapters.fingerprint import contents_sha256
+
+    d = _write(tmp_path / "a", config=b'{"r": 8}', weights=bytes(range(256)) * 7)
+    assert contents_sha256(b'{"r": 8}', bytes(range(256)) * 7) == adapter_sha256(d)
+    assert contents_sha256(b"{}", b"w") != adapter_sha256(d)

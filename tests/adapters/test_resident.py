@@ -244,3 +244,22 @@ def test_concurrent_prepares_of_one_cold_adapter_convert_it_once(
     resident.install(got[1])
     assert (resident.stats.loads, resident.stats.hits) == (1, 1)
     assert got[0].adapter.weights == b""  # the file bytes are not kept
+
+
+def test_a_load_whose_bytes_differ_from_the_registered_digest_is_refused(
+    resident, base, make_adapter
+):
+    from specserve.adapters.fingerprint import adapter_sha256
+
+    path = make_adapter("v", base, seed=5)
+    registered = adapter_sha256(path)
+    other = make_adapter("other", base, seed=6)
+    (path / "adapter_model.safetensors").write_bytes(
+        (other / "adapter_model.safetensors").read_bytes()  # same shapes, other values
+    )
+    with pytest.raises(errors.AdapterDigestError) as refused:
+        resident.prepare("v@1", path, registered)
+    assert refused.value.code == "adapter_digest_mismatch"
+    assert resident.names == [] and resident.store.names == []
+    assert resident.stats.refusals == {"adapter_digest_mismatch": 1}
+    assert resident.ensure("v@1", path, adapter_sha256(path)).sha256 == adapter_sha256(path)

@@ -15,7 +15,7 @@ import pytest
 import transformers
 import yaml
 
-from specserve.platform.state.embedded import EmbeddedRedis, free_port
+from specserve.platform.state.redis_server import EmbeddedRedis, free_port
 
 pytestmark = pytest.mark.timeout(600)
 TOKEN = "mux-admin"

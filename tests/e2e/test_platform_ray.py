@@ -19,7 +19,7 @@ import yaml
 from specserve.engine.decode import Engine
 from specserve.engine.prompts import encode_messages
 from specserve.engine.sampling import SamplingParams
-from specserve.platform.state.embedded import EmbeddedRedis, free_port
+from specserve.platform.state.redis_server import EmbeddedRedis, free_port
 
 pytestmark = pytest.mark.timeout(600)
 TOKEN = "e2e-admin"

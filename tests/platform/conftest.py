@@ -8,8 +8,8 @@ import pickle
 import pytest
 
 from specserve.platform.state.call_store import CallStore
-from specserve.platform.state.embedded import EmbeddedRedis
 from specserve.platform.state.memory_store import MemoryStore
+from specserve.platform.state.redis_server import EmbeddedRedis
 from specserve.platform.state.redis_store import RedisStore
 
 

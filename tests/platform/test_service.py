@@ -379,13 +379,13 @@ def test_a_cold_adapter_loads_while_the_loop_keeps_decoding(service, make_adapte
     prepare = service.adapters.prepare
     seen = {}
 
-    def slow_prepare(name, adapter_path):
+    def slow_prepare(name, adapter_path, sha256):
         seen["thread"] = threading.current_thread().name
         start, deadline = service.scheduler.steps, time.monotonic() + 20
         while service.scheduler.steps < start + 5 and time.monotonic() < deadline:
             time.sleep(0.005)
         seen["steps"] = service.scheduler.steps - start
-        return prepare(name, adapter_path)
+        return prepare(name, adapter_path, sha256)
 
     service.adapters.prepare = slow_prepare
 

@@ -1,6 +1,7 @@
 """The admin API (/admin, bearer token): register/list/show/delete variants, force a strategy,
 read/change policy settings, start/follow/cancel drafter training. 401 without a token, 403 wrong;
-a variant may not take a served model's name; the list is paged (`limit`, `after`; `has_more`,
+a variant may not take a served model's name; a version serves a frozen copy of the validated
+adapter (adapters/content.py), never its source; the list is paged (`limit`, `after`; `has_more`,
 `first_id`, `last_id`). A store outage answers 503 registry_unavailable (routes.py's handler).
 """
 
@@ -15,7 +16,8 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from specserve.adapters.errors import AdapterError
+from specserve.adapters.content import freeze_adapter
+from specserve.adapters.errors import AdapterDigestError, AdapterError
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec, validate_adapter
 from specserve.adapters.variants import VariantKey
@@ -94,14 +96,17 @@ class Admin:
             )
         try:
             checked = validate_adapter(Path(body.adapter_path), spec, self.limits)
+            frozen = freeze_adapter(checked.path, self.limits.root)
+            if frozen.sha256 != checked.sha256:
+                raise AdapterDigestError("the adapter's files changed while it was registered")
         except AdapterError as err:
             raise ApiError(400, str(err), param="adapter_path", code=err.code) from None
         record = self.registry.register(
             VariantSpec(
                 name=body.name,
                 base_model=body.base_model,
-                adapter_path=str(checked.path),
-                adapter_sha256=checked.sha256,
+                adapter_path=str(frozen.path),
+                adapter_sha256=frozen.sha256,
                 hints=body.hints,
             )
         )

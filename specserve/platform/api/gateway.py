@@ -1,7 +1,8 @@
 """The OpenAI-compatible gateway: `Gateway` runs one request (limits, resolution, the model server's
 events shaped as JSON or SSE, metrics, measured acceptance, the policy's training requests) from
 the parts in api/ (resolve, catalog, shaping, acceptance); `create_app(gateway)` builds the
-FastAPI app from the routes (routes.py) and the admin API under /admin.
+FastAPI app from the routes (routes.py) and the admin API under /admin. A model server's refusal
+reaches the client as a short OpenAI error; its full text is logged under the request id.
 """
 
 from __future__ import annotations
@@ -19,9 +20,21 @@ from specserve.engine.sampling import SamplingParams
 from specserve.platform.api.acceptance import AcceptanceRecorder
 from specserve.platform.api.catalog import Catalog, ModelList
 from specserve.platform.api.metrics import Metrics
-from specserve.platform.api.openai_api import ApiError, ChatCompletionRequest, CompletionRequest
+from specserve.platform.api.openai_api import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    short_message,
+    underlying,
+)
 from specserve.platform.api.resolve import Access, RegistryReads, Resolver, StoreBreaker, bearer
-from specserve.platform.api.routes import BodyLimit, add_error_handlers, openai_router
+from specserve.platform.api.routes import (
+    BodyLimit,
+    RequestIds,
+    add_error_handlers,
+    openai_router,
+    request_id,
+)
 from specserve.platform.api.shaping import Reply, collect, sse, stream_failure
 from specserve.platform.backend import Backend, Overloaded
 from specserve.platform.events import Delta, Done
@@ -101,13 +114,14 @@ class Gateway:
         if self.inflight[base_model] >= self.settings.max_inflight_per_model:
             raise _at_capacity(base_model)
         self.inflight[base_model] += 1
+        rid = request_id(http)
         try:
             events = self.backend.stream(base_model, gen)
-            first = await _first(events)
+            first = await _first(events, _Refusal(base_model, _prompt_field(req), rid))
         except BaseException:
             self.inflight[base_model] -= 1
             raise
-        reply = Reply(endpoint, base_model, req.model, time.perf_counter())
+        reply = Reply(endpoint, base_model, req.model, time.perf_counter(), request_id=rid)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -173,6 +187,7 @@ def create_app(gateway: Gateway, admin_router=None) -> FastAPI:
     if admin_router is not None:
         app.include_router(admin_router)
     app.add_middleware(BodyLimit, limit=gateway.settings.max_body_bytes)
+    app.add_middleware(RequestIds)  # added last: outermost, so a 413 carries the id too
     return app
 
 
@@ -186,29 +201,54 @@ def _at_capacity(what: str) -> ApiError:
     )
 
 
-async def _first(events: AsyncIterator[Delta | Done]) -> Delta | Done:
-    """The first event, mapping engine/adapter errors to API errors before any byte is sent."""
-    from specserve.adapters.errors import AdapterCapacityError, AdapterError
+def _prompt_field(req: CompletionRequest | ChatCompletionRequest) -> str:
+    return "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
 
+
+class _Refusal:
+    """Maps what a model server raised before its first event to an ApiError (None: not a
+    refusal, the 500 handler answers), by the underlying cause, logging the full text."""
+
+    def __init__(self, base_model: str, prompt_field: str, request_id: str) -> None:
+        self.base_model, self.prompt_field, self.request_id = base_model, prompt_field, request_id
+
+    def of(self, err: Exception) -> ApiError | None:
+        from specserve.adapters.errors import AdapterCapacityError, AdapterError
+
+        cause = underlying(err)
+        if isinstance(err, Overloaded) or isinstance(cause, Overloaded):
+            api = _at_capacity(self.base_model)
+        elif isinstance(cause, AdapterCapacityError):
+            retry = {"Retry-After": "1"}
+            api = ApiError(
+                503, short_message(cause), "overloaded_error", code=cause.code, headers=retry
+            )
+        elif isinstance(cause, AdapterError):
+            message = f"variant adapter unavailable ({cause.code}); details in the server log"
+            api = ApiError(500, message, "server_error", code=cause.code)
+        elif isinstance(cause, ValueError):
+            api = self._invalid(short_message(cause))
+        else:
+            return None
+        log.info("%s: %s %s: %s", self.request_id, api.status, api.code, err)
+        return api
+
+    def _invalid(self, message: str) -> ApiError:
+        """400; a prompt the model cannot take (empty, longer than its context) names the prompt."""
+        if message.startswith(("prompt", "request needs")):
+            return ApiError(400, message, param=self.prompt_field, code="invalid_prompt")
+        return ApiError(400, message, code="invalid_value")
+
+
+async def _first(events: AsyncIterator[Delta | Done], refusal: _Refusal) -> Delta | Done:
+    """The first event, mapping the model server's refusals to API errors before any byte is
+    sent; a replica lost before it (and again on the one retry) answers 503."""
     try:
         return await anext(events)
-    except ReplicaLost as err:  # lost before the first event, and again on the one retry
-        raise stream_failure(err, "before the first event") from None
-    except Overloaded as err:
-        raise ApiError(
-            503, str(err), "overloaded_error", code="overloaded", headers={"Retry-After": "1"}
-        ) from None
-    except AdapterCapacityError as err:
-        raise ApiError(
-            503, str(err), "overloaded_error", code=err.code, headers={"Retry-After": "1"}
-        ) from None
-    except AdapterError as err:
-        raise ApiError(
-            500, f"variant adapter unavailable: {err}", "server_error", code=err.code
-        ) from None
-    except ValueError as err:
-        message = str(err)
-        param = "messages" if message.startswith("prompt") else None
-        raise ApiError(
-            400, message, param=param, code="invalid_prompt" if param else "invalid_value"
-        ) from None
+    except ReplicaLost as err:
+        raise stream_failure(err, refusal.request_id) from None
+    except Exception as err:
+        api = refusal.of(err)
+        if api is None:
+            raise
+        raise api from None

@@ -1,17 +1,21 @@
 """OpenAI-compatible request bodies and error shapes: requests are strict (unknown fields,
-unsupported values, bad types: a 400 naming the field, as OpenAI's API does); `ApiError` is an
-OpenAI error body, `registry_unavailable` and `internal_error` the ones any route may answer.
+unsupported values, bad types: a 400 naming the field as OpenAI does, `messages[0].content`);
+`ApiError` is an OpenAI error body carrying the request id, `registry_unavailable` and
+`internal_error` the ones any route may answer; `short_message` is what a client may see of an
+exception (its underlying cause's first line, no traceback, ANSI codes, pid or address).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class ApiError(Exception):
-    """An error response: HTTP status + {"error": {"message", "type", "param", "code"}}."""
+    """An error response: HTTP status + {"error": {"message", "type", "param", "code"}} (and the
+    request id, given to `body`)."""
 
     def __init__(
         self,
@@ -32,8 +36,14 @@ class ApiError(Exception):
         )
         self.headers = headers or {}
 
-    def body(self) -> dict:
-        detail = ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
+    def body(self, request_id: str | None = None) -> dict:
+        detail = ErrorDetail(
+            message=self.message,
+            type=self.type,
+            param=self.param,
+            code=self.code,
+            request_id=request_id,
+        )
         return ErrorBody(error=detail).model_dump()
 
 
@@ -42,6 +52,7 @@ class ErrorDetail(BaseModel):
     type: str
     param: str | None
     code: str | None
+    request_id: str | None = None  # also the response's `x-request-id`; the log lines carry it
 
 
 class ErrorBody(BaseModel):
@@ -59,6 +70,38 @@ RETRY_LATER = {
         "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}},
     }
 }  # the OpenAPI `responses` of a route that may answer 503
+
+
+def _error(description: str) -> dict:
+    return {"model": ErrorBody, "description": description}
+
+
+MODEL_ROUTE_ERRORS = {
+    400: _error("invalid request: `param` names the field (`n`, `messages[0].content`)"),
+    401: _error("`invalid_api_key`: the key is not a tenant's (when tenant keys are set)"),
+    404: _error("`model_not_found`: the model is unknown or hidden from this key"),
+    413: _error("`body_too_large`: the body exceeds the server's limit"),
+    500: _error("`internal_error` or an adapter that cannot be loaded; details in the log"),
+    "default": _error("any other error, as an OpenAI error body"),  # request validation is 400
+} | RETRY_LATER  # the OpenAPI `responses` of /v1/completions and /v1/chat/completions
+MODEL_LIST_ERRORS = {k: MODEL_ROUTE_ERRORS[k] for k in (401, 500)} | RETRY_LATER
+SHORT_MESSAGE_CHARS = 300
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def underlying(err: BaseException) -> BaseException:
+    """The exception a model server raised, unwrapped from Ray's RayTaskError (its `cause`)."""
+    while isinstance(getattr(err, "cause", None), BaseException):
+        err = err.cause
+    return err
+
+
+def short_message(err: BaseException) -> str:
+    """What a client may read of `err`: its underlying cause's own first line, ANSI codes
+    stripped, at most SHORT_MESSAGE_CHARS; the exception's type name when that is empty."""
+    cause = underlying(err)
+    lines = _ANSI.sub("", str(cause)).strip().splitlines()
+    return (lines[0].strip() if lines else type(cause).__name__)[:SHORT_MESSAGE_CHARS]
 
 
 def registry_unavailable() -> ApiError:
@@ -174,6 +217,13 @@ class ChatCompletionRequest(_Common):
     logprobs: Literal[False] = False
     response_format: ResponseFormat | None = None
 
+    @field_validator("messages")
+    @classmethod
+    def _some_content(cls, v: list[ChatMessage]) -> list[ChatMessage]:
+        if not any(m.text() for m in v):  # what the model server refuses (engine/prompts.py)
+            raise ValueError("at least one message must have non-empty content")
+        return v
+
     @model_validator(mode="after")
     def _one_limit(self) -> ChatCompletionRequest:
         if self.max_completion_tokens is not None:
@@ -187,12 +237,27 @@ class ChatCompletionRequest(_Common):
         return [{"role": role.get(m.role, m.role), "content": m.text()} for m in self.messages]
 
 
+_REQUEST_PARTS = frozenset({"body", "query", "path", "header", "cookie"})
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def field_param(loc: tuple) -> str | None:
+    """A pydantic error location as OpenAI names a field: `n`, `messages[0].content`; without
+    the request part (`body`) and union-member tags (`str`, `list[TextPart]`, `function-...`)."""
+    parts = list(loc[1:] if loc and loc[0] in _REQUEST_PARTS else loc)
+    name = ""
+    for part in parts:
+        if isinstance(part, int):
+            name += f"[{part}]"
+        elif part.isidentifier() and part not in _UNION_TAGS:
+            name += f".{part}" if name else part
+    return name or None
+
+
 def validation_error(err) -> ApiError:
     """A pydantic ValidationError as a 400 naming the first offending field."""
     first = err.errors()[0]
-    param = (
-        ".".join(str(p) for p in first.get("loc", ()) if not str(p).startswith("function-")) or None
-    )
+    param = field_param(tuple(first.get("loc", ())))
     kind = "unknown_field" if first.get("type") == "extra_forbidden" else "invalid_value"
     return ApiError(
         400,

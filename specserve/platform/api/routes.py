@@ -1,23 +1,28 @@
 """The HTTP surface of the gateway: the OpenAI routes (`/v1/completions`, `/v1/chat/completions`,
 `/v1/models`), `/healthz` and `/metrics`; error handlers that answer every failure as an OpenAI
-error body (a store outage: 503 registry_unavailable); `BodyLimit` (413 before the app reads).
+error body with the request id (a store outage: 503 registry_unavailable); `BodyLimit` (413 before
+the app reads); `RequestIds` (an `x-request-id` on every response, the client's if it sent one).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import uuid
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specserve.platform.api.metrics import Metrics
 from specserve.platform.api.openai_api import (
-    RETRY_LATER,
+    MODEL_LIST_ERRORS,
+    MODEL_ROUTE_ERRORS,
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -33,20 +38,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 STALE_HEADER = "x-specserve-stale"  # "true" on a model list served from cache, the store down
+REQUEST_ID_HEADER = "x-request-id"
+_CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # a client's id we repeat back
 
 
 def openai_router(gateway: Gateway) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/v1/completions", responses=RETRY_LATER)
+    @router.post("/v1/completions", responses=MODEL_ROUTE_ERRORS)
     async def completions(body: CompletionRequest, request: Request):
         return await gateway.run("completions", body, request)
 
-    @router.post("/v1/chat/completions", responses=RETRY_LATER)
+    @router.post("/v1/chat/completions", responses=MODEL_ROUTE_ERRORS)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await gateway.run("chat", body, request)
 
-    @router.get("/v1/models")
+    @router.get("/v1/models", responses=MODEL_LIST_ERRORS)
     async def list_models(request: Request):
         # a thread: a cache miss reads the store
         models = await asyncio.to_thread(gateway.models, bearer(request))
@@ -73,7 +80,9 @@ def add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
 
     def answer(request: Request, err: ApiError) -> JSONResponse:
         metrics.observe_error(_endpoint(request), err.status, err.code)
-        return JSONResponse(err.body(), err.status, headers=err.headers)
+        rid = request_id(request)
+        headers = err.headers | {REQUEST_ID_HEADER: rid}  # also here: a 500 skips RequestIds
+        return JSONResponse(err.body(rid), err.status, headers=headers)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, err: ApiError):
@@ -95,12 +104,14 @@ def add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
 
     @app.exception_handler(StoreError)
     async def _store_down(request: Request, err: StoreError):
-        log.warning("%s %s: registry store failed: %s", request.method, _endpoint(request), err)
+        where = f"{request_id(request)}: {request.method} {_endpoint(request)}"
+        log.warning("%s: registry store failed: %s", where, err)
         return answer(request, registry_unavailable())
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception):
-        log.error("%s %s failed", request.method, _endpoint(request), exc_info=err)
+        where = f"{request_id(request)}: {request.method} {_endpoint(request)}"
+        log.error("%s failed", where, exc_info=err)
         return answer(request, internal_error())
 
 
@@ -108,6 +119,41 @@ def _endpoint(request: Request) -> str:
     """The route's path template (`/admin/variants/{name}`), so metric labels stay few."""
     route = request.scope.get("route")
     return getattr(route, "path", "unmatched")
+
+
+def request_id(request: Request) -> str:
+    """The id `RequestIds` gave this request (a fresh one if the app runs without it)."""
+    return request.scope.get("state", {}).get("request_id") or _new_request_id()
+
+
+def _new_request_id() -> str:
+    return f"req-{uuid.uuid4().hex}"
+
+
+class RequestIds:
+    """ASGI middleware: every HTTP request gets an id, the client's `x-request-id` when it sent
+    a sane one (1-128 of `A-Za-z0-9._:-`), else a new `req-...`; it is in `scope["state"]`
+    (`request_id(request)`) and in the `x-request-id` header of the response, streamed or not."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        sent = dict(scope.get("headers") or []).get(REQUEST_ID_HEADER.encode(), b"")
+        given = sent.decode("latin-1")
+        rid = given if _CLIENT_REQUEST_ID.fullmatch(given) else _new_request_id()
+        scope.setdefault("state", {})["request_id"] = rid
+
+        async def send_with_id(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                MutableHeaders(scope=message)[REQUEST_ID_HEADER] = rid
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 class BodyLimit:
@@ -122,7 +168,7 @@ class BodyLimit:
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
-            return await _too_large(self.limit)(scope, receive, send)
+            return await _too_large(self.limit, scope)(scope, receive, send)
         seen = 0
 
         async def limited() -> dict:
@@ -137,14 +183,14 @@ class BodyLimit:
         try:
             await self.app(scope, limited, send)
         except _BodyTooLarge:
-            await _too_large(self.limit)(scope, receive, send)
+            await _too_large(self.limit, scope)(scope, receive, send)
 
 
 class _BodyTooLarge(Exception):
     pass
 
 
-def _too_large(limit: int) -> JSONResponse:
-    return JSONResponse(
-        ApiError(413, f"request body exceeds {limit} bytes", code="body_too_large").body(), 413
-    )
+def _too_large(limit: int, scope: Scope) -> JSONResponse:
+    rid = scope.get("state", {}).get("request_id")
+    error = ApiError(413, f"request body exceeds {limit} bytes", code="body_too_large")
+    return JSONResponse(error.body(rid), 413)

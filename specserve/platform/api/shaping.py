@@ -1,6 +1,6 @@
 """Model-server events as OpenAI responses: one JSON body (`collect`) or server-sent events
 (`sse`), for chat and text completions, with the `specserve` object of the final event.
-`Reply` holds one response's id, creation time and token timing. A model server failing mid-reply
+`Reply` holds one response's id, its request id, creation time and token timing. A model server failing mid-reply
 (`stream_failure`) ends it with an OpenAI error: a 503 body, or a final SSE error event.
 """
 
@@ -42,7 +42,15 @@ def stream_failure(err: Exception, request_id: str) -> ApiError:
 class Reply:
     """Per-response bookkeeping: ids, timing of tokens; the OpenAI envelope and choices."""
 
-    def __init__(self, endpoint: str, base_model: str, model: str, started: float) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        base_model: str,
+        model: str,
+        started: float,
+        request_id: str | None = None,
+    ) -> None:
+        """`request_id`: the HTTP request's (`x-request-id`); default: this reply's id."""
         self.endpoint, self.base_model, self.model, self.started = (
             endpoint,
             base_model,
@@ -51,6 +59,7 @@ class Reply:
         )
         prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.request_id = request_id or self.id
         self.created = int(time.time())
         self.ttft: float | None = None
         self.gaps: list[float] = []
@@ -109,7 +118,7 @@ async def collect(
         try:
             event = await anext(events)
         except Exception as err:  # noqa: BLE001 - any failure of the model server: a 503 body
-            raise stream_failure(err, reply.id) from None
+            raise stream_failure(err, reply.request_id) from None
     on_done(reply, event)
     body = reply.envelope([reply.choice("".join(parts), event.finish_reason)], whole=True)
     return JSONResponse(
@@ -140,10 +149,10 @@ async def sse(
                 yield _data(reply.envelope([reply.chunk_choice(event.text, None)]))
                 event = await anext(events)
         except Exception as err:  # noqa: BLE001 - the replica died or failed: still an end event
-            failure = stream_failure(err, reply.id)
+            failure = stream_failure(err, reply.request_id)
             if on_error is not None:
                 on_error(reply.endpoint, failure.code)
-            yield _data(failure.body())
+            yield _data(failure.body(reply.request_id))
             yield "data: [DONE]\n\n"
             return
         on_done(reply, event)

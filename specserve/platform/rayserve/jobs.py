@@ -67,11 +67,7 @@ def run_drafter_job(record: dict, kind: str, budget_minutes: float | None, args:
     registry.set_drafter(key, DrafterStatus(kind=kind, state="running", progress=0.0))
     try:
         served = load_target(TargetSettings.for_platform(settings, version.base_model))
-        checked = served.adapters.ensure(str(key), version.adapter_path)
-        if checked.sha256 != version.adapter_sha256:
-            raise ValueError(
-                f"adapter of {key} changed on disk since registration (sha256 differs)"
-            )
+        checked = served.adapters.ensure(str(key), version.adapter_path, version.adapter_sha256)
         out = drafter_dir(settings, key, kind)
         train_settings = DrafterTrainSettings(
             kind=kind, **({"budget_minutes": budget_minutes} if budget_minutes else {})

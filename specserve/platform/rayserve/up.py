@@ -1,5 +1,6 @@
-"""`specserve up`: the whole platform on this machine — the store (REDIS_URL, else a private
-redis-server), a local Ray, and the Serve application of specserve/configs/serve.yaml on one port."""
+"""`specserve up`: the whole platform on this machine — the store (REDIS_URL, else a private,
+supervised redis-server with its AOF under the cache), a local Ray, and the Serve application of
+specserve/configs/serve.yaml on one port."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ from specserve.paths import config_file
 
 def admin_token_file(cache_dir: Path) -> Path:
     return Path(cache_dir) / "admin-token"
+
+
+def embedded_redis_dir(cache_dir: Path) -> Path:
+    """Where the private redis-server keeps its AOF: the registry survives a restart of `up`."""
+    return Path(cache_dir) / "redis"
 
 
 def ensure_admin_token(cache_dir: Path, env: dict) -> str:
@@ -69,10 +75,11 @@ def up(
     env["SPECSERVE_ADMIN_TOKEN"] = ensure_admin_token(cache_dir, dict(os.environ))
     stores = None
     if not settings.redis_url:
-        stores = resolve_store(StoreSettings())
+        stores = resolve_store(StoreSettings(embedded_data_dir=embedded_redis_dir(cache_dir)))
         if stores.redis_url:
             env["REDIS_URL"] = stores.redis_url
-            log(f"store: private redis-server at {stores.describe()}")
+            where = f"{stores.describe()}, AOF in {stores.embedded.data_dir}"
+            log(f"store: private redis-server at {where}")
         else:
             log("store: no redis-server binary; an in-cluster memory store (state is lost on exit)")
     for model in settings.models:

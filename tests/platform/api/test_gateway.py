@@ -177,19 +177,19 @@ def test_base_completion_and_stream_with_usage(platform, tiny_llama):
             "max_tokens",
             "max_tokens_too_large",
         ),
-        ({"model": BASE, "prompt": "w1", "n": 2}, 400, "body.n", "invalid_value"),
-        ({"model": BASE, "prompt": "w1", "frobnicate": 1}, 400, "body.frobnicate", "unknown_field"),
+        ({"model": BASE, "prompt": "w1", "n": 2}, 400, "n", "invalid_value"),
+        ({"model": BASE, "prompt": "w1", "frobnicate": 1}, 400, "frobnicate", "unknown_field"),
         (
             {"model": BASE, "prompt": "w1", "temperature": 3},
             400,
-            "body.temperature",
+            "temperature",
             "invalid_value",
         ),
         ({"model": BASE, "prompt": "w1 " * 1400, "max_tokens": 10}, 413, None, "body_too_large"),
         (
             {"model": BASE, "prompt": "w1 " * 1010, "max_tokens": 20},
             400,
-            "messages",
+            "prompt",
             "invalid_prompt",
         ),
     ],
@@ -199,7 +199,7 @@ def test_errors_are_openai_shaped(platform, body, status, param, code):
     r = client.post("/v1/completions", json=body)
     assert r.status_code == status, r.text
     error = r.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
+    assert set(error) == {"message", "type", "param", "code", "request_id"}
     assert (error["param"], error["code"]) == (param, code)
 
 

@@ -121,7 +121,7 @@ def _check(method, route, response, operation) -> list[str]:
     problems = [f"{where}: traceback text"] if TRACEBACK.search(response.text) else []
     if response.status_code >= 400:
         error = response.json().get("error") or {}
-        if set(error) != {"message", "type", "param", "code"}:
+        if set(error) != {"message", "type", "param", "code", "request_id"}:
             problems.append(f"{where}: not an OpenAI error: {response.text[:200]}")
     if response.status_code >= 500:
         documented = (

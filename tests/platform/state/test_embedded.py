@@ -1,5 +1,6 @@
-"""resolve_store: REDIS_URL -> that Redis; else a private redis-server (gone after close); else the
-memory store. EmbeddedRedis itself: loopback, password required, restartable, cleaned up."""
+"""resolve_store: REDIS_URL -> that Redis; else a private, supervised redis-server (gone after
+close); else the memory store. EmbeddedRedis itself: loopback, password required, restartable,
+cleaned up (durability and supervision: test_embedded_durable.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from specserve.platform.state.embedded import EmbeddedRedis, StoreSettings, resolve_store
+from specserve.platform.state.embedded import StoreSettings, resolve_store
 from specserve.platform.state.memory_store import MemoryStore
+from specserve.platform.state.redis_server import EmbeddedRedis
 from specserve.platform.state.redis_store import RedisStore
 from specserve.platform.state.registry import Registry, VariantSpec
 
@@ -43,6 +45,7 @@ def test_without_redis_url_an_embedded_server_is_started_and_stopped():
         assert stores.pools is stores.registry
         server = stores.embedded
         assert server.running and stores.redis_url == server.url
+        assert server.supervise and server.data_dir is None  # nothing kept without a data dir
         assert server.password not in stores.describe() and server.password not in repr(stores)
         stores.registry.ping()
         Registry(stores.registry).register(
@@ -107,7 +110,7 @@ def test_missing_binary_is_refused():
 
 
 _ORPHAN = """
-from specserve.platform.state.embedded import EmbeddedRedis
+from specserve.platform.state.redis_server import EmbeddedRedis
 server = EmbeddedRedis().start()
 print(server.pid, server.port, flush=True)
 import time; time.sleep(60)

@@ -191,7 +191,7 @@ def test_admin_variant_list_is_paged_in_name_order(tmp_path):
     assert empty["variants"] == [] and empty["has_more"] is False and empty["first_id"] is None
     for bad in ("limit=0", "limit=1001", "limit=x"):
         r = client.get(f"/admin/variants?{bad}", headers=ADMIN)
-        assert r.status_code == 400 and r.json()["error"]["param"] == "query.limit", r.text
+        assert r.status_code == 400 and r.json()["error"]["param"] == "limit", r.text
     assert client.get("/admin/variants?limit=1").status_code == 401
 
 
