@@ -8,6 +8,7 @@ import copy
 
 import pytest
 from fastapi.testclient import TestClient
+from word_tokenizer import WordTokenizer
 
 from specserve.adapters.content import STORE_DIR
 from specserve.adapters.resident import ResidentAdapters
@@ -31,16 +32,6 @@ BASE = "tiny-llama"
 ADMIN = {"Authorization": "Bearer t"}
 PROMPT = "w5 w9 w14 w3 w5 w9 w14 w7 w5 w9"
 WEIGHTS = "adapter_model.safetensors"
-
-
-class WordTokenizer:
-    chat_template = None
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [int(w[1:]) for w in text.split()]}
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(f"w{i} " for i in ids)
 
 
 @pytest.fixture

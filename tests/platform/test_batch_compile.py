@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from word_tokenizer import WordTokenizer
 
 from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
@@ -25,16 +26,6 @@ pytestmark = pytest.mark.timeout(600)
 
 IDS = [5, 9, 14, 3, 5, 9, 14, 7, 5, 9]
 HIDDEN = 80  # a width no other test compiles (graphs are reused across models of one shape)
-
-
-class WordTokenizer:
-    chat_template = None
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [int(w[1:]) for w in text.split()]}
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(f"w{i} " for i in ids)
 
 
 @pytest.fixture

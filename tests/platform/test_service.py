@@ -7,6 +7,7 @@ import copy
 import time
 
 import pytest
+from word_tokenizer import WordTokenizer
 
 from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
@@ -19,19 +20,6 @@ from specserve.platform.events import Delta, Done, Usage
 from specserve.platform.service import GenerateRequest, ModelService, Overloaded, Target
 from specserve.policies.router import DrafterView
 from specserve.policies.settings import PolicySettings
-
-
-class WordTokenizer:
-    """'w<i>' words <-> ids; no chat template."""
-
-    chat_template = None
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [int(w[1:]) for w in text.split()]}
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(f"w{i} " for i in ids)
-
 
 PROMPT = "w5 w9 w14 w3 w5 w9 w14 w7 w5 w9"
 

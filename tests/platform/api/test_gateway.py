@@ -8,6 +8,7 @@ import json
 
 import pytest
 from fastapi.testclient import TestClient
+from word_tokenizer import WordTokenizer
 
 from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
@@ -30,16 +31,6 @@ BASE = "tiny-llama"
 TOKEN = "admin-secret"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 PROMPT = "w5 w9 w14 w3 w5 w9 w14 w7 w5 w9"
-
-
-class WordTokenizer:
-    chat_template = None
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [int(w[1:]) for w in text.split()]}
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(f"w{i} " for i in ids)
 
 
 def _base(tiny_llama):

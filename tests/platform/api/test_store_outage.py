@@ -9,6 +9,7 @@ import re
 
 import pytest
 from fastapi.testclient import TestClient
+from word_tokenizer import WordTokenizer
 
 from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
@@ -32,16 +33,6 @@ ADMIN = {"Authorization": "Bearer admin-secret"}
 PROMPT = "w5 w9 w14 w3 w5 w9"
 NON_JSON = {"/metrics", "/docs", "/docs/oauth2-redirect", "/redoc"}  # text by design
 TRACEBACK = re.compile(r"Traceback|File \"|\.py\b|Error\(|line \d+")
-
-
-class WordTokenizer:
-    chat_template = None
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [int(w[1:]) for w in text.split()]}
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(f"w{i} " for i in ids)
 
 
 @pytest.fixture
