@@ -171,7 +171,7 @@ class Scheduler:
     def heartbeat(self) -> Heartbeat:
         """Cheap: the lock is held only between steps, never across one."""
         with self._lock:
-            pending = self._has_work()
+            pending = self._has_work() or bool(self._calls)
         return Heartbeat(
             started=self._thread is not None,
             alive=self.running,

@@ -19,6 +19,8 @@ class Backend(Protocol):
 
     async def replica_stats(self) -> dict[str, dict]: ...
 
+    async def inject_fault(self, base_model: str, kind: str) -> str: ...
+
 
 class LocalBackend:
     """Model services living in this process (tests, `specserve up --local`)."""
@@ -31,3 +33,8 @@ class LocalBackend:
 
     async def replica_stats(self) -> dict[str, dict]:
         return {f"{name}/local": service.stats() for name, service in self.services.items()}
+
+    async def inject_fault(self, base_model: str, kind: str) -> str:
+        from specserve.platform.faults import inject
+
+        return inject(self.services[base_model], kind)

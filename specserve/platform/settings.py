@@ -20,7 +20,9 @@ from pydantic_settings.sources.utils import parse_env_vars
 from specserve.engine.batch_settings import BatchSettings
 from specserve.paths import config_file, default_cache_dir
 
-ENV_ONLY = frozenset({"admin_token", "tenant_keys", "redis_url", "pool_redis_url", "cache_dir"})
+ENV_ONLY = frozenset(
+    {"admin_token", "tenant_keys", "redis_url", "pool_redis_url", "cache_dir", "fault_injection"}
+)
 
 
 class _MappingSource(EnvSettingsSource):
@@ -52,6 +54,7 @@ class Environment(BaseSettings):
     cache_dir: Path | None = Field(None, validation_alias="SPECSERVE_CACHE")
     policy_file: Path | None = Field(None, validation_alias="SPECSERVE_POLICY_FILE")
     adapter_root: Path | None = Field(None, validation_alias="SPECSERVE_ADAPTER_ROOT")
+    fault_injection: bool = Field(False, validation_alias="SPECSERVE_FAULT_INJECTION")
 
     @classmethod
     def settings_customise_sources(
@@ -72,6 +75,7 @@ class Environment(BaseSettings):
             "redis_url": _plain(self.redis_url),
             "pool_redis_url": _plain(self.pool_redis_url or self.redis_url),
             "cache_dir": self.cache_dir,
+            "fault_injection": self.fault_injection,
         }
 
 
@@ -166,6 +170,12 @@ class PlatformSettings(BaseModel):
         description="a model server's health check fails when its engine loop holds work and "
         "has not finished a step for this long (hung), as when the loop thread died",
     )
+    shutdown_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="drain: after SIGTERM/SIGINT (or a replica's graceful stop) new requests get "
+        "503 + Retry-After and in-flight ones have this long to finish; the rest end with an error",
+    )
     torch_threads: int | None = Field(
         None,
         ge=1,
@@ -179,6 +189,7 @@ class PlatformSettings(BaseModel):
     redis_url: str | None = None
     pool_redis_url: str | None = None
     cache_dir: Path | None = None
+    fault_injection: bool = False  # POST /admin/faults (the fault suite); never in production
 
     @classmethod
     def from_args(

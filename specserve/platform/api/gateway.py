@@ -176,7 +176,8 @@ class Gateway:
         return body | {"models": self.settings.models, "inflight": dict(self.inflight)}
 
 
-def create_app(gateway: Gateway, admin_router=None) -> FastAPI:
+def create_app(gateway: Gateway, *routers) -> FastAPI:
+    """The app: OpenAI routes, then `routers` (the admin API, fault injection)."""
     app = FastAPI(
         title="specserve",
         version="0.1.0",
@@ -184,8 +185,8 @@ def create_app(gateway: Gateway, admin_router=None) -> FastAPI:
     )
     add_error_handlers(app, gateway.metrics)
     app.include_router(openai_router(gateway))
-    if admin_router is not None:
-        app.include_router(admin_router)
+    for router in routers:
+        app.include_router(router)
     app.add_middleware(BodyLimit, limit=gateway.settings.max_body_bytes)
     app.add_middleware(RequestIds)  # added last: outermost, so a 413 carries the id too
     return app

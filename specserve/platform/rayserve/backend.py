@@ -79,6 +79,10 @@ class ServeBackend:
                 raise Overloaded(f"{base_model}: {err}") from None
             raise
 
+    async def inject_fault(self, base_model: str, kind: str) -> str:
+        """On one replica Serve picks (the fault suite; ModelServer refuses unless enabled)."""
+        return await self.servers[base_model].inject_fault.remote(kind)
+
     async def replica_stats(self) -> dict[str, dict]:
         out = {}
         for model, handle in self.servers.items():

@@ -65,6 +65,7 @@ class ModelServer:
         self.compile = BatchCompile().start(self.service, settings.compile, model_id, cache_dir)
         self.model_id = model_id
         self.stall_s = settings.engine_stall_s
+        self.fault_injection = settings.fault_injection
         self.replica = serve.get_replica_context().replica_id.unique_id
         self._warm: set = set()
         self.variant = variant_cache(self.service)
@@ -95,6 +96,15 @@ class ModelServer:
         if not health.ok:
             log.error("replica %s of %s unhealthy: %s", self.replica, self.model_id, health.reason)
             raise RuntimeError(f"{self.model_id}: {health.reason}")
+
+    def inject_fault(self, kind: str) -> str:
+        """The fault suite's engine-loop faults (platform/faults.py), only when enabled."""
+        from specserve.platform.faults import inject
+
+        if not self.fault_injection:
+            raise RuntimeError("fault injection is off (SPECSERVE_FAULT_INJECTION)")
+        log.warning("replica %s of %s: injecting %s", self.replica, self.model_id, kind)
+        return f"{inject(self.service, kind)} on replica {self.replica}"
 
     def stats(self) -> dict:
         health = self.sync.health()
@@ -151,6 +161,7 @@ class GatewayDeployment:
     def __init__(self, args: dict, servers: dict) -> None:
         from specserve.adapters.settings import AdapterLimits
         from specserve.platform.api.admin import Admin, admin_router
+        from specserve.platform.api.faults import faults_router
         from specserve.platform.api.gateway import Gateway, create_app
         from specserve.platform.api.metrics import Metrics
         from specserve.platform.rayserve.jobs import RayJobs
@@ -168,7 +179,9 @@ class GatewayDeployment:
         policy = PolicySettings.from_yaml(settings.resolved_policy_file())
         admin = Admin(registry, token, specs, limits, policy, RayJobs(args))
         gateway.on_train = admin.auto_train  # the policy's requests for drafters start jobs
-        self.fastapi_app = create_app(gateway, admin_router(admin))
+        self.fastapi_app = create_app(
+            gateway, admin_router(admin), faults_router(gateway, admin.check)
+        )
         self.started = time.time()
         gc.freeze()  # start-up objects (torch, transformers) leave the collector's scans
 
