@@ -1,6 +1,6 @@
 """The `specserve` command line: `main(argv)` runs one command. Each command's flags and body
 live in a module of this package: models, generate, tune, bench, training (train-drafter,
-finetune), up, loadtest, variants; model commands load through platform/serving.py."""
+finetune), up, drain, loadtest, variants; model commands load through platform/serving.py."""
 
 from __future__ import annotations
 
@@ -9,9 +9,19 @@ import sys
 
 from pydantic import ValidationError
 
-from specserve.cli import bench, generate, loadtest, models, training, tune, up, variants
+from specserve.cli import bench, drain, generate, loadtest, models, training, tune, up, variants
 
-COMMANDS = (models, generate, tune, bench, training, up, loadtest, variants)  # in --help order
+COMMANDS = (
+    models,
+    generate,
+    tune,
+    bench,
+    training,
+    up,
+    drain,
+    loadtest,
+    variants,
+)  # in --help order
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 from specserve.engine.sampling import SamplingParams
 from specserve.platform.api.acceptance import AcceptanceRecorder
 from specserve.platform.api.catalog import Catalog, ModelList
+from specserve.platform.api.drain import Drain
 from specserve.platform.api.metrics import Metrics
 from specserve.platform.api.openai_api import (
     ApiError,
@@ -69,6 +70,7 @@ class Gateway:
         reads = RegistryReads(settings, registry, self.access, self.breaker)
         self.resolver, self.catalog = Resolver(reads), Catalog(reads)
         self.acceptance = AcceptanceRecorder(registry).start()
+        self.drain = Drain()  # begun by the platform's stop (rayserve/drain.py) or a test
         self._store_ok = (0.0, True, "")  # (checked_at, ok, error)
 
     def resolve(self, model: str, api_key: str | None) -> tuple[str, Target]:
@@ -100,7 +102,11 @@ class Gateway:
             ignore_eos=req.ignore_eos,
         )
 
+    def inflight_total(self) -> int:
+        return sum(self.inflight.values())
+
     async def run(self, endpoint: str, req, http: Request) -> Response:
+        self.drain.admit()  # draining: 503 shutting_down before anything else
         if self.settings.models and all(
             self.inflight[m] >= self.settings.max_inflight_per_model for m in self.settings.models
         ):  # refuse before any registry lookup: an overloaded server must answer 503 fast
@@ -116,7 +122,7 @@ class Gateway:
         self.inflight[base_model] += 1
         rid = request_id(http)
         try:
-            events = self.backend.stream(base_model, gen)
+            events = self.drain.bounded(self.backend.stream(base_model, gen))
             first = await _first(events, _Refusal(base_model, _prompt_field(req), rid))
         except BaseException:
             self.inflight[base_model] -= 1
@@ -170,7 +176,7 @@ class Gateway:
             self._store_ok = (time.monotonic(), ok, error)
             self.metrics.store_up.set(1 if ok else 0)
         body = {
-            "status": "ok" if ok else "degraded",
+            "status": "draining" if self.drain.draining else "ok" if ok else "degraded",
             "store": "ok" if ok else f"unreachable: {error}",
         }
         return body | {"models": self.settings.models, "inflight": dict(self.inflight)}

@@ -66,7 +66,8 @@ RETRY_LATER = {
     503: {
         "model": ErrorBody,
         "description": "`registry_unavailable` (the variant registry's store is down) or, on a "
-        "model request, `overloaded`: retry after `Retry-After` seconds",
+        "model request, `overloaded` or `shutting_down` (the server is draining before it "
+        "stops): retry after `Retry-After` seconds",
         "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}},
     }
 }  # the OpenAPI `responses` of a route that may answer 503

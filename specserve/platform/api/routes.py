@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 STALE_HEADER = "x-specserve-stale"  # "true" on a model list served from cache, the store down
 REQUEST_ID_HEADER = "x-request-id"
+HEALTH_ERRORS = {503: {"description": "`status: draining`: this gateway is shutting down"}}
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # a client's id we repeat back
 
 
@@ -60,9 +61,11 @@ def openai_router(gateway: Gateway) -> APIRouter:
         headers = {STALE_HEADER: "true"} if models.stale else {}
         return Response(models.body, media_type="application/json", headers=headers)
 
-    @router.get("/healthz")
+    @router.get("/healthz", responses=HEALTH_ERRORS)
     async def healthz():
-        return await asyncio.to_thread(gateway.health)
+        body = await asyncio.to_thread(gateway.health)
+        # draining: load balancers and readiness probes take this replica out of rotation
+        return JSONResponse(body, status_code=503 if body["status"] == "draining" else 200)
 
     @router.get("/metrics")
     async def metrics():

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from specserve.platform.api.drain import ShuttingDown, shutting_down_error
 from specserve.platform.api.openai_api import ApiError
 from specserve.platform.events import Delta, Done
 from specserve.platform.service import ReplicaLost
@@ -30,6 +31,9 @@ STREAM_RETRY_AFTER_S = 1
 def stream_failure(err: Exception, request_id: str) -> ApiError:
     """The client's view of a model server failing mid-reply: a short 503 (no traceback, pid, IP
     or path; those go to the log under `request_id`)."""
+    if isinstance(err, ShuttingDown):
+        log.warning("%s: cut at the drain deadline", request_id)
+        return shutting_down_error()
     if isinstance(err, ReplicaLost):
         message, code = "the model server handling this request was lost; retry", "replica_lost"
     else:

@@ -29,6 +29,11 @@ def build_app(args: dict, deployments: list[dict] | None = None) -> serve.Applic
         args, env={}
     )  # validate args now; secrets load in replicas
     options = {d["name"]: {k: v for k, v in d.items() if k != "name"} for d in deployments or []}
+    # a replica Serve stops (scale-down, redeploy, shutdown) gets as long as a drain to finish
+    for name in ["Gateway", *(f"ModelServer-{m}" for m in settings.models)]:
+        options.setdefault(name, {}).setdefault(
+            "graceful_shutdown_timeout_s", settings.shutdown_timeout_s
+        )
     servers = {}
     for model in settings.models:
         name = f"ModelServer-{model}"
@@ -164,6 +169,7 @@ class GatewayDeployment:
         from specserve.platform.api.faults import faults_router
         from specserve.platform.api.gateway import Gateway, create_app
         from specserve.platform.api.metrics import Metrics
+        from specserve.platform.rayserve.drain import GatewayDrainWatch
         from specserve.platform.rayserve.jobs import RayJobs
         from specserve.platform.serving import base_spec
         from specserve.platform.state.registry import Registry
@@ -183,7 +189,19 @@ class GatewayDeployment:
             gateway, admin_router(admin), faults_router(gateway, admin.check)
         )
         self.started = time.time()
+        import ray
+
+        replica = serve.get_replica_context().replica_id.unique_id
+        node = ray.get_runtime_context().get_node_id()
+        self.drain_watch = GatewayDrainWatch(
+            replica, node, gateway.inflight_total, gateway.drain.begin
+        ).start()
         gc.freeze()  # start-up objects (torch, transformers) leave the collector's scans
 
     def __serve_build_asgi_app__(self):
         return self.fastapi_app
+
+    def __del__(self) -> None:
+        watch = getattr(self, "drain_watch", None)
+        if watch is not None:
+            watch.stop()
