@@ -310,10 +310,57 @@ def kuberay_problems(objs: list[dict]) -> list[str]:
     return problems
 
 
+_DRAIN = re.compile(r"specserve drain --this-node --timeout (\d+(?:\.\d+)?)\b")
+RAY_STOP_S = 15  # `ray stop` after the drain: its own SIGTERM-then-kill wait, with margin
+DRAIN_GRACE_S = 2  # rayserve/drain.py CUT_GRACE_S: the cut streams' error events go out
+
+
+def drain_problems(objs: list[dict]) -> list[str]:
+    """A worker pod stopped without draining, or killed before its drain can end.
+
+    Each worker group's preStop runs `specserve drain --this-node --timeout T` then `ray stop`;
+    T is at least the application's shutdown_timeout_s, and the pod's
+    terminationGracePeriodSeconds is at least T + DRAIN_GRACE_S + RAY_STOP_S.
+    """
+    problems = []
+    for rs in _rayservices(objs):
+        serve = yaml.safe_load(rs["spec"].get("serveConfigV2") or "{}") or {}
+        args = [app.get("args") or {} for app in serve.get("applications", [])]
+        wanted = max([float(a.get("shutdown_timeout_s", 30.0)) for a in args] or [30.0])
+        for group in rs["spec"]["rayClusterConfig"].get("workerGroupSpecs", []):
+            where = f"RayService/{rs['metadata']['name']}[{group.get('groupName')}]"
+            pod = group["template"]["spec"]
+            command = " ".join(
+                pod["containers"][0]
+                .get("lifecycle", {})
+                .get("preStop", {})
+                .get("exec", {})
+                .get("command", [])
+            )
+            found = _DRAIN.search(command)
+            if not found or "ray stop" not in command[found.end() :]:
+                problems.append(f"{where}: preStop must drain (specserve drain) then ray stop")
+                continue
+            timeout = float(found.group(1))
+            if timeout < wanted:
+                problems.append(
+                    f"{where}: drain timeout {timeout:g} < shutdown_timeout_s {wanted:g}"
+                )
+            grace = pod.get("terminationGracePeriodSeconds", 30)
+            if grace < timeout + DRAIN_GRACE_S + RAY_STOP_S:
+                problems.append(
+                    f"{where}: terminationGracePeriodSeconds {grace} < drain {timeout:g} + "
+                    f"{DRAIN_GRACE_S} + ray stop {RAY_STOP_S}"
+                )
+    return problems
+
+
 def problems(objs: list[dict]) -> list[str]:
-    """Every problem of a rendered overlay: schemas, KubeRay's own rules, exposure, secrets."""
+    """Every problem of a rendered overlay: schemas, KubeRay's own rules, exposure, secrets,
+    draining."""
     out = [p for o in objs for p in schema_problems(o)]
-    return out + kuberay_problems(objs) + exposure_problems(objs) + secret_problems(objs)
+    checks = (kuberay_problems, exposure_problems, secret_problems, drain_problems)
+    return out + [p for check in checks for p in check(objs)]
 
 
 def main(argv: list[str] | None = None) -> int:

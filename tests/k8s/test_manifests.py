@@ -380,3 +380,50 @@ def test_validate_command_passes_every_overlay(kubectl, capsys):
     assert k8s_validate.main([]) == 0
     out = capsys.readouterr().out
     assert all(f"{name}: ok" in out for name in k8s_validate.overlays())
+
+
+def _worker(o, index=0):
+    return o["spec"]["rayClusterConfig"]["workerGroupSpecs"][index]["template"]["spec"]
+
+
+def _pre_stop(o, command):
+    _worker(o)["containers"][0]["lifecycle"]["preStop"]["exec"]["command"] = command
+
+
+def _shutdown_timeout(o, seconds):
+    serve = yaml.safe_load(o["spec"]["serveConfigV2"])
+    serve["applications"][0]["args"]["shutdown_timeout_s"] = seconds
+    o["spec"]["serveConfigV2"] = yaml.safe_dump(serve)
+
+
+def test_workers_drain_before_ray_stops_within_their_grace_period(rendered):
+    from specserve.platform.rayserve.drain import CUT_GRACE_S
+
+    assert k8s_validate.DRAIN_GRACE_S >= CUT_GRACE_S  # the check prices the real grace
+    for name, objs in rendered.items():
+        assert k8s_validate.drain_problems(objs) == [], name
+        for group in _rayservice(objs)["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+            command = group["template"]["spec"]["containers"][0]["lifecycle"]["preStop"]
+            assert "specserve drain --this-node" in " ".join(command["exec"]["command"])
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda o: _pre_stop(o, ["/bin/sh", "-c", "ray stop"]), "preStop must drain"),
+        (
+            lambda o: _pre_stop(
+                o, ["/bin/sh", "-c", "ray stop; specserve drain --this-node --timeout 30"]
+            ),
+            "preStop must drain",
+        ),
+        (lambda o: _worker(o).update(terminationGracePeriodSeconds=40), "< drain 30"),
+        (lambda o: _worker(o).pop("terminationGracePeriodSeconds"), "30 < drain"),  # k8s default
+        (lambda o: _shutdown_timeout(o, 45), "drain timeout 30 < shutdown_timeout_s 45"),
+    ],
+)
+def test_drain_check_catches(rendered, change, message):
+    found = k8s_validate.drain_problems(
+        _mutated(rendered["prod"], "RayService", "specserve", change)
+    )
+    assert any(message in p for p in found), found
