@@ -170,6 +170,12 @@ class PlatformSettings(BaseModel):
         description="a model server's health check fails when its engine loop holds work and "
         "has not finished a step for this long (hung), as when the loop thread died",
     )
+    retry_within_s: float = Field(
+        30.0,
+        gt=0,
+        description="a request whose replica died before its first token is sent once more; "
+        "that retry must start streaming within this long (a replacement starting), else 503",
+    )
     shutdown_timeout_s: float = Field(
         30.0,
         gt=0,

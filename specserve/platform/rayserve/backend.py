@@ -1,11 +1,13 @@
 """The gateway's `Backend` under Ray Serve: streams from `ModelServer` deployment handles,
 multiplexed by variant@version, turning the event dicts a replica yields back into models. A
-replica lost before its first event is retried once (Serve routes around the dead one); lost
-later, the stream raises `ReplicaLost`. Light to import (the Serve application builder imports
-it): the service and Ray load on first use."""
+replica lost before its first event is retried once (Serve routes around the dead one, or waits
+for its replacement, up to `retry_within_s`); lost later, the stream raises `ReplicaLost`.
+Light to import (the Serve application builder imports it): the service and Ray load on first
+use."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
@@ -30,10 +32,13 @@ def _replica_lost(err: Exception) -> bool:
 
 
 class ServeBackend:
-    """Backend over deployment handles (`servers`: base model -> ModelServer handle)."""
+    """Backend over deployment handles (`servers`: base model -> ModelServer handle). A retry
+    must bring its first event within `retry_within_s` (a replacement replica starting), else
+    the request fails as ReplicaLost rather than wait on."""
 
-    def __init__(self, servers: dict) -> None:
+    def __init__(self, servers: dict, retry_within_s: float = 30.0) -> None:
         self.servers = servers
+        self.retry_within_s = retry_within_s
 
     async def stream(
         self, base_model: str, request: GenerateRequest
@@ -41,12 +46,21 @@ class ServeBackend:
         from specserve.platform.service import ReplicaLost
 
         for attempt in range(1, RETRIES_BEFORE_FIRST_EVENT + 2):
+            events = self._events(base_model, request)
             started = False
             try:
-                async for event in self._events(base_model, request):
-                    started = True
+                async with asyncio.timeout(self.retry_within_s if attempt > 1 else None):
+                    first = await anext(events)
+                started = True
+                yield first
+                async for event in events:
                     yield event
                 return
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                message = f"{base_model}: no replica answered the retry within "
+                raise ReplicaLost(f"{message}{self.retry_within_s:g} s") from None
             except Exception as err:
                 if not _replica_lost(err):
                     raise
@@ -55,6 +69,8 @@ class ServeBackend:
                 log.warning(
                     "%s: replica lost before the first event, retrying: %s", base_model, err
                 )
+            finally:
+                await events.aclose()
 
     async def _events(
         self, base_model: str, request: GenerateRequest

@@ -31,6 +31,7 @@ DONE = Done(
     ),
 )
 LOST = "lost"  # a script entry: the replica dies here
+NEVER = "never"  # a script entry: no replica takes the call (the replacement is not up)
 
 
 class FakeHandle:
@@ -52,6 +53,8 @@ class FakeHandle:
 
     async def _stream(self, script):
         for step in script:
+            if step == NEVER:
+                await asyncio.Event().wait()
             if step == LOST:
                 raise ActorDiedError()
             if isinstance(step, Exception):
@@ -59,11 +62,12 @@ class FakeHandle:
             yield step.model_dump()
 
 
-def _collect(handle: FakeHandle) -> list:
+def _collect(handle: FakeHandle, retry_within_s: float = 30.0) -> list:
     request = GenerateRequest(target=Target(), prompt="w1", params=SamplingParams())
 
     async def run():
-        return [e async for e in ServeBackend({"m": handle}).stream("m", request)]
+        backend = ServeBackend({"m": handle}, retry_within_s)
+        return [e async for e in backend.stream("m", request)]
 
     return asyncio.run(run())
 
@@ -71,6 +75,23 @@ def _collect(handle: FakeHandle) -> list:
 def test_a_replica_lost_before_the_first_event_is_retried_once():
     handle = FakeHandle([LOST], [DELTA, DONE])
     assert _collect(handle) == [DELTA, DONE] and handle.calls == 2
+
+
+def test_a_retry_that_does_not_start_within_its_deadline_raises_replica_lost():
+    handle = FakeHandle([LOST], [NEVER])
+    with pytest.raises(ReplicaLost, match="no replica answered the retry within 0.3 s"):
+        _collect(handle, retry_within_s=0.3)
+    assert handle.calls == 2
+
+
+def test_a_slow_first_event_of_the_first_attempt_is_not_bounded():
+    class Slow(FakeHandle):
+        async def _stream(self, script):
+            await asyncio.sleep(0.5)  # queued behind other requests: no retry deadline applies
+            async for event in super()._stream(script):
+                yield event
+
+    assert _collect(Slow([DELTA, DONE]), retry_within_s=0.1) == [DELTA, DONE]
 
 
 def test_lost_again_on_the_retry_raises_replica_lost():
