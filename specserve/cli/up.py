@@ -15,7 +15,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "up", help="run the platform here: store, local Ray, Serve app on one port"
     )
     upp.add_argument("--config", type=Path, default=config_file("serve.yaml"))
-    upp.add_argument("--host", default="127.0.0.1")
+    upp.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="where the HTTP gateway listens (default 127.0.0.1). A loopback host also keeps "
+        "every Ray and Serve listener (GCS, raylet, workers, agents, replicas) on 127.0.0.1; "
+        "any other (0.0.0.0) leaves Ray's on all interfaces, as Ray does by default",
+    )
     upp.add_argument("--port", type=int, default=8000)
     upp.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray may use (default: all)")
     upp.add_argument("--cache-dir", type=Path, default=None)

@@ -60,11 +60,13 @@ def up(
     ready=None,
     stop: threading.Event | None = None,
 ) -> int:
-    """Start everything, block until SIGINT/SIGTERM (or `stop`), then tear down in reverse."""
+    """Start everything, block until SIGINT/SIGTERM (or `stop`), drain (new requests 503,
+    in-flight ones get `shutdown_timeout_s`), then tear down in reverse."""
     import ray
     from ray import serve
 
     from specserve.models.provision import pull_model
+    from specserve.platform.rayserve import loopback
     from specserve.platform.rayserve.deployments import build_app
     from specserve.platform.settings import PlatformSettings
     from specserve.platform.state.embedded import StoreSettings, resolve_store
@@ -85,6 +87,7 @@ def up(
     for model in settings.models:
         if model not in settings.model_dirs:
             pull_model(model, cache_dir, progress=log)
+    env |= loopback.confine_to(host)  # a loopback --host: every Ray listener on 127.0.0.1
     os.environ.update(env)
     for name in (
         "SPECSERVE_POLICY_FILE",
@@ -98,9 +101,13 @@ def up(
     ray.init(
         num_cpus=num_cpus,
         include_dashboard=False,
-        runtime_env={"env_vars": env},
+        runtime_env={"env_vars": env, **loopback.runtime_env_for(host)},
         log_to_driver=False,
     )
+    done, give_up = stop or threading.Event(), threading.Event()
+    if stop is None:  # from here on (Ray up): a signal during start-up stops once it is up
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: _stop_requested(done, give_up, log))
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(build_app(args, deployments), name="specserve", route_prefix="/", blocking=False)
@@ -108,11 +115,8 @@ def up(
         log(f"admin token: {admin_token_file(cache_dir)} (or SPECSERVE_ADMIN_TOKEN)")
         if ready is not None:
             ready()
-        done = stop or threading.Event()
-        if stop is None:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda *_: done.set())
         done.wait()
+        _drain(settings.shutdown_timeout_s, log, give_up)
     finally:
         try:
             serve.shutdown()
@@ -121,6 +125,25 @@ def up(
             if stores is not None:
                 stores.close()
     return 0
+
+
+def _stop_requested(done: threading.Event, give_up: threading.Event, log) -> None:
+    """The first SIGINT/SIGTERM drains; a second one stops without waiting."""
+    if done.is_set():
+        log("second signal: stopping now")
+        give_up.set()
+    done.set()
+
+
+def _drain(timeout_s: float, log, give_up: threading.Event) -> None:
+    """Stop admission, let in-flight requests finish (rayserve/drain.py); never blocks the stop."""
+    from specserve.platform.rayserve.drain import drain_platform
+
+    log(f"stopping: draining (up to {timeout_s:g} s; signal again to stop now)")
+    try:
+        drain_platform(timeout_s, log, give_up=give_up)
+    except Exception as err:  # noqa: BLE001 - a failed drain must not keep the platform up
+        log(f"drain failed ({err}); stopping anyway")
 
 
 def default_config() -> Path:

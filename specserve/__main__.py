@@ -1,0 +1,7 @@
+"""`python -m specserve`: the command line (specserve.cli)."""
+
+import sys
+
+from specserve.cli import main
+
+sys.exit(main())
