@@ -58,6 +58,7 @@ class Target(VariantView):
     adapter_path: str | None = None
     adapter_sha256: str | None = None
     policy: PolicySettings | None = None
+    broken: str | None = None  # why this version may not be served (the gateway refuses it)
 
     @property
     def key(self) -> VariantKey | None:

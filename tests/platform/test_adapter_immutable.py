@@ -121,6 +121,28 @@ def test_a_corrupted_copy_is_refused_with_the_digest_error_and_never_served(
     assert "bot@1" not in service.adapters and service.adapters.store.names == []
     assert service.adapters.stats.refusals == {"adapter_digest_mismatch": 1}
     assert service.scheduler.steps == 0  # nothing decoded
+    # reported broken: refused at the gateway from now on (no second load or hash), shown by admin
+    again = _chat(client, "bot", stream=stream)
+    assert again.status_code == 500 and again.json()["error"]["code"] == "adapter_digest_mismatch"
+    assert "bot@1 is broken" in again.json()["error"]["message"]
+    assert service.adapters.stats.refusals == {"adapter_digest_mismatch": 1}
+    shown = client.get("/admin/variants/bot", headers=ADMIN).json()
+    assert "sha256 mismatch" in shown["versions"][0]["broken"]
+
+
+def test_a_new_version_of_a_broken_variant_serves(served, base, make_adapter, merge_adapter):
+    client, service = served
+    record = _register(client, "bot", make_adapter("src", base, seed=1))
+    frozen = service.adapters.limits.root.resolve() / STORE_DIR / record["adapter_sha256"]
+    _rewrite_in_place(frozen, make_adapter("donor", base, seed=2))
+    assert _chat(client, "bot").status_code == 500
+    fresh = make_adapter("fresh", base, seed=3)
+    assert _register(client, "bot", fresh)["version"] == 2
+    r = _chat(client, "bot")
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == _expected(merge_adapter(base, fresh))
+    shown = client.get("/admin/variants/bot", headers=ADMIN).json()
+    assert [v["broken"] is None for v in shown["versions"]] == [False, True]
 
 
 def test_registering_the_same_bytes_twice_shares_one_copy(served, base, make_adapter, tmp_path):

@@ -285,7 +285,9 @@ def _describe(state: VariantState, policy: PolicySettings) -> dict:
     decision = decide(state.policy_view(), 0, policy, time.time())
     return {
         "name": state.name,
-        "versions": [v.model_dump() for v in state.versions],
+        "versions": [
+            v.model_dump() | {"broken": state.broken.get(v.version)} for v in state.versions
+        ],
         "current_version": state.version,
         "override": state.override,
         "strategy": decision.strategy,

@@ -112,6 +112,8 @@ class Gateway:
         ):  # refuse before any registry lookup: an overloaded server must answer 503 fast
             raise _at_capacity("every model")
         base_model, target = await asyncio.to_thread(self.resolve, req.model, bearer(http))
+        if target.broken:
+            raise _broken(target)
         params = self.sampling(req)
         if isinstance(req, ChatCompletionRequest):
             gen = GenerateRequest(target=target, messages=req.chat(), params=params)
@@ -124,8 +126,10 @@ class Gateway:
         try:
             events = self.drain.bounded(self.backend.stream(base_model, gen))
             first = await _first(events, _Refusal(base_model, _prompt_field(req), rid))
-        except BaseException:
+        except BaseException as err:
             self.inflight[base_model] -= 1
+            if getattr(err, "code", None) == DIGEST_MISMATCH and target.key is not None:
+                await asyncio.to_thread(self._mark_broken, target)
             raise
         reply = Reply(endpoint, base_model, req.model, time.perf_counter(), request_id=rid)
         if req.stream:
@@ -143,6 +147,15 @@ class Gateway:
             return await collect(reply, first, events, http, self._observe)
         finally:
             self.inflight[base_model] -= 1
+
+    def _mark_broken(self, target: Target) -> None:
+        """A replica refused the adapter's bytes: every gateway refuses the version from now on
+        (no re-hash per request), and admin shows why. Best effort with the store down."""
+        try:
+            self.registry.mark_broken(target.key, BROKEN_REASON)
+            log.error("variant %s marked broken: %s", target.key, BROKEN_REASON)
+        except StoreError as err:
+            log.warning("could not mark %s broken: %s", target.key, err)
 
     def _observe(self, reply: Reply, done: Done) -> None:
         """A request finished: its metrics, acceptance figures and any training it asks for."""
@@ -171,13 +184,14 @@ class Gateway:
             try:
                 self.registry.store.ping()
                 ok, error = True, ""
-            except StoreError as err:
-                ok, error = False, str(err)[:200]
+            except StoreError as err:  # the address and cause go to the log, not to callers
+                ok, error = False, "unreachable"
+                log.warning("registry store unreachable: %s", err)
             self._store_ok = (time.monotonic(), ok, error)
             self.metrics.store_up.set(1 if ok else 0)
         body = {
             "status": "draining" if self.drain.draining else "ok" if ok else "degraded",
-            "store": "ok" if ok else f"unreachable: {error}",
+            "store": "ok" if ok else error,
         }
         return body | {"models": self.settings.models, "inflight": dict(self.inflight)}
 
@@ -196,6 +210,15 @@ def create_app(gateway: Gateway, *routers) -> FastAPI:
     app.add_middleware(BodyLimit, limit=gateway.settings.max_body_bytes)
     app.add_middleware(RequestIds)  # added last: outermost, so a 413 carries the id too
     return app
+
+
+DIGEST_MISMATCH = "adapter_digest_mismatch"
+BROKEN_REASON = "its adapter's files changed after registration (sha256 mismatch)"
+
+
+def _broken(target: Target) -> ApiError:
+    message = f"variant {target.key} is broken: {target.broken}; register a new version"
+    return ApiError(500, message, "server_error", code=DIGEST_MISMATCH)
 
 
 def _at_capacity(what: str) -> ApiError:

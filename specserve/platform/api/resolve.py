@@ -142,4 +142,5 @@ def _target(state: VariantState, policy: PolicySettings | None) -> Target:
         adapter_path=record.adapter_path,
         adapter_sha256=record.adapter_sha256,
         policy=policy,
+        broken=state.broken_reason,
     )

@@ -140,6 +140,12 @@ class VariantState(VariantInfo):
     version: int
     drafters: dict[str, DrafterStatus] = {}
     acceptance: dict[str, Acceptance] = {}
+    broken: dict[int, str] = {}  # version -> why it may not be served (Registry.mark_broken)
+
+    @property
+    def broken_reason(self) -> str | None:
+        """Why this version may not be served; None: it may."""
+        return self.broken.get(self.version)
 
     @property
     def record(self) -> VersionRecord:

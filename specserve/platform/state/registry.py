@@ -29,7 +29,7 @@ from specserve.policies.settings import PolicySettings
 
 ACCEPTANCE_FIELDS = ("tokens", "forwards", "drafted", "accepted")
 _STRATEGY = re.compile(r"[a-z][a-z0-9_]{0,31}")
-_PER_VERSION = ("versions", "drafters", "acceptance")  # the hashes `Registry.variant` reads
+_PER_VERSION = ("versions", "drafters", "acceptance", "broken")  # what `Registry.variant` reads
 
 
 class UnknownVariant(KeyError):
@@ -57,6 +57,7 @@ class Registry:
       <ns>:variant:<name>:versions       map version -> VersionRecord JSON (without the version)
       <ns>:variant:<name>:drafters       map "<version>:<kind>" -> DrafterStatus JSON
       <ns>:variant:<name>:acceptance     map "<version>:<strategy>:<figure>" -> integer
+      <ns>:variant:<name>:broken         map version -> why it may not be served (digest mismatch)
       <ns>:policy:overrides              map name -> forced strategy
       <ns>:policy:settings               policy settings JSON
       <ns>:generation                    counter bumped by every change (cache invalidation)
@@ -184,10 +185,10 @@ class Registry:
         start = bisect_right(names, after) if after is not None else 0
         chosen = names[start : start + limit]
         keys = [self._variant_key(n, w) for n in chosen for w in _PER_VERSION]
-        raws = self.store.hgetall_many(keys) if chosen else []
+        raws, w = self.store.hgetall_many(keys) if chosen else [], len(_PER_VERSION)
         overrides = self.overrides() if chosen else {}
         states = [
-            _state(n, overrides.get(n), None, *raws[3 * i : 3 * i + 3])
+            _state(n, overrides.get(n), None, *raws[w * i : w * i + w])
             for i, n in enumerate(chosen)
         ]
         found = [s for s in states if s is not None]  # deleted since the names were read
@@ -204,6 +205,13 @@ class Registry:
             self._generation,
         )[0]
         return existed
+
+    def mark_broken(self, key: VariantKey, reason: str) -> None:
+        """Record that `key` may not be served (its adapter's bytes are not the registered
+        ones); gateways refuse it from their next registry read. A new version is not broken."""
+        self._require(key)
+        self.store.hset(self._variant_key(key.variant, "broken"), {str(key.version): reason})
+        self._changed()
 
     def _require(self, key: VariantKey) -> None:
         if self.store.hget(self._variant_key(key.variant, "versions"), str(key.version)) is None:
@@ -315,6 +323,7 @@ def _state(
     versions: dict[str, str],
     drafters: dict[str, str],
     acceptance: dict[str, str],
+    broken: dict[str, str],
 ) -> VariantState | None:
     """A VariantState from the raw hashes of one variant (None: no such variant or version)."""
     records = _parse_versions(versions)
@@ -328,4 +337,5 @@ def _state(
         version=key.version,
         drafters=_drafters(key, drafters),
         acceptance=_acceptance(key, acceptance),
+        broken={int(v): why for v, why in broken.items()},
     )

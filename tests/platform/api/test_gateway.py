@@ -307,6 +307,7 @@ def test_healthz_degrades_with_the_store_and_recovers(platform, redis_server, re
     gateway._store_ok = (0.0, True, "")  # skip the 2 s cache
     r = client.get("/healthz")
     assert r.status_code == 200 and r.json()["status"] == "degraded"
+    assert r.json()["store"] == "unreachable" and str(redis_server.port) not in r.text  # no address
     assert _chat(client, BASE).status_code == 200  # base traffic keeps flowing
     redis_server.start()
     gateway._store_ok = (0.0, False, "")
