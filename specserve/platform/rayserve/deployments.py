@@ -178,7 +178,9 @@ class GatewayDeployment:
         settings = PlatformSettings.from_args(args)
         registry_store, _ = platform_stores(settings)
         registry = Registry(registry_store)
-        gateway = Gateway(settings, registry, ServeBackend(servers, settings.retry_within_s), Metrics())
+        gateway = Gateway(
+            settings, registry, ServeBackend(servers, settings.retry_within_s), Metrics()
+        )
         token = settings.admin_token.get_secret_value() if settings.admin_token else None
         limits = AdapterLimits(root=settings.resolved_adapter_root())
         specs = {m: base_spec(settings, m) for m in settings.models}
