@@ -23,6 +23,7 @@ from specserve.engine.proposers import REGISTRY, Proposer, ProposerContext
 from specserve.engine.sampling import SamplingParams, target_probs
 from specserve.engine.textstream import TextStream
 from specserve.engine.tree import Draft, cap_draft, draft_width
+from specserve.engine.seeded import seeded_accept
 from specserve.engine.verify import greedy_accept, sample_accept
 
 
@@ -39,6 +40,7 @@ class RequestState:
     pending: list[int]
     cache: object
     generator: torch.Generator
+    seed: int  # the request's seed, or a random one: sampled tokens are keyed by it (seeded.py)
     text: TextStream
     eos_ids: frozenset[int]
     adapter: str | None = None  # resident LoRA adapter name; None = the base model
@@ -158,6 +160,7 @@ class Engine:
             pending=list(prompt_ids),
             cache=hf_internals.new_cache(self.model.config),
             generator=generator,
+            seed=seed,
             text=TextStream(self.tokenizer, params.stop),
             eos_ids=frozenset() if params.ignore_eos else self.eos_ids,
             adapter=adapter,
@@ -204,11 +207,15 @@ class Engine:
 
     @staticmethod
     def accept(state: RequestState, draft: Draft, out: ForwardOutput) -> tuple[list[int], int]:
-        """The verifier: accepted draft nodes and the bonus token (greedy or lossless sampling)."""
+        """The verifier: accepted draft nodes and the bonus token. Greedy: the argmax; sampled:
+        the position-keyed sample (seeded.py: reproducible, lossless); a draft carrying its own
+        distribution q: recursive rejection sampling (lossless, not reproducible)."""
         if state.params.greedy:
             targets = out.tree_logits.argmax(dim=-1).tolist()
             return greedy_accept(draft.tree, targets)
         probs = target_probs(out.tree_logits, state.params).cpu()
+        if draft.tree.draft_probs is None:
+            return seeded_accept(draft.tree, probs, state.seed, len(state.tokens))
         return sample_accept(draft.tree, probs, state.generator)
 
     def commit(

@@ -2,8 +2,9 @@
 
 A tiny-vocabulary model with moderately flat next-token distributions; a prompt whose last token
 has several continuations in the prompt, so lookahead drafts several branches and some get
-accepted. The first three generated tokens of many seeded requests are compared with a
-chi-square two-sample test, and the same test must catch a subtly biased acceptance rule.
+accepted. The first three generated tokens of many requests, seeded (each its own seed) and
+unseeded, are compared with a chi-square two-sample test, and the same test must catch a subtly
+biased acceptance rule. (Seeded, each request equals `ar` with its seed: tests/engine/test_seeded.py.)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from scipy.stats import chi2_contingency
 from specserve.engine import decode
 from specserve.engine.decode import Engine
 from specserve.engine.sampling import SamplingParams
+from specserve.engine.seeded import seeded_tokens
 
 VOCAB = 10
 PROMPT = [2, 3, 4, 2, 5, 6, 2, 7, 1, 2, 8, 9, 2]  # "2" is followed by 3, 5, 7, 8 in the prompt
@@ -86,20 +88,30 @@ def test_lookahead_sampling_matches_ar(engine, ar_samples):
     assert min(pvals.values()) > ALPHA, pvals
 
 
-def _biased_sample_accept(tree, target_probs, generator):
+def test_unseeded_lookahead_sampling_matches_unseeded_ar(engine):
+    """No seed: each request draws its own random one; still the distribution of `ar`."""
+    ar, tau = _sample(engine, "ar", seeds=[None] * N)
+    assert tau == 1.0
+    spec, tau = _sample(engine, "lookahead", LOOKAHEAD, seeds=[None] * N)
+    assert tau > 1.05
+    pvals = _pvalues(ar, spec)
+    assert min(pvals.values()) > ALPHA / 10, pvals  # unseeded: a fresh sample each run
+
+
+def _biased_seeded_accept(tree, target_probs, seed, next_position):
     """Wrong on purpose: take the first drafted child whenever the target gives it > 5%."""
     kids = tree.children[0]
     if kids and target_probs[0, tree.tokens[kids[0]]] > 0.05:
-        bonus = torch.multinomial(target_probs[kids[0] + 1], 1, generator=generator).item()
-        return [kids[0]], int(bonus)
-    return _real_sample_accept(tree, target_probs, generator)
+        (bonus,) = seeded_tokens(target_probs[kids[0] + 1 : kids[0] + 2], seed, [next_position + 1])
+        return [kids[0]], bonus
+    return _real_seeded_accept(tree, target_probs, seed, next_position)
 
 
-_real_sample_accept = decode.sample_accept
+_real_seeded_accept = decode.seeded_accept
 
 
 def test_biased_acceptance_is_detected(engine, ar_samples, monkeypatch):
-    monkeypatch.setattr(decode, "sample_accept", _biased_sample_accept)
+    monkeypatch.setattr(decode, "seeded_accept", _biased_seeded_accept)
     spec, tau = _sample(engine, "lookahead", LOOKAHEAD)
     assert tau > 1.05
     pvals = _pvalues(ar_samples, spec)
