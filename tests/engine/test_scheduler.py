@@ -60,15 +60,13 @@ def test_batched_rows_equal_each_requestalone(engine, seed, cost):
         engine.pad_width = None
     checked = 0
     for i, req in enumerate(reqs):
-        want = alone(engine, req)
-        if cost is not None and req["temperature"] > 0:
-            continue  # a cut draft draws different uniforms: same distribution, another sample
+        want = alone(engine, req)  # sampled ones too, load caps on or off: seeded samples
         if seen[i].get("cancelled"):
             assert want[: len(seen[i]["ids"])] == seen[i]["ids"]
         else:
             assert seen[i]["ids"] == want, (i, req["strategy"], req["adapter"])
             checked += 1
-    assert checked >= 7
+    assert checked >= 10
     assert seen[-1]["max_rows"] >= 4 and len(seen[-1]["adapters"]) >= 3  # really mixed batches
     assert scheduler.active() == 0 and scheduler.kv.rows == 0 and scheduler.reserved == 0
     if cost is _linear_cost:  # from cap_from_rows rows on, drafts are cut to nothing
