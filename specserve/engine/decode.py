@@ -206,14 +206,20 @@ class Engine:
         return draft if max_draft is None else cap_draft(draft, max_draft)
 
     @staticmethod
+    def row_logits(state: RequestState, draft: Draft, out: ForwardOutput) -> torch.Tensor:
+        """The target's logits at every verify row [n + 1, vocab] as the verifier reads them
+        (the root row, then node i's row i + 1)."""
+        return out.tree_logits
+
+    @staticmethod
     def accept(state: RequestState, draft: Draft, out: ForwardOutput) -> tuple[list[int], int]:
         """The verifier: accepted draft nodes and the bonus token. Greedy: the argmax; sampled:
         the position-keyed sample (seeded.py: reproducible, lossless); a draft carrying its own
         distribution q: recursive rejection sampling (lossless, not reproducible)."""
         if state.params.greedy:
-            targets = out.tree_logits.argmax(dim=-1).tolist()
+            targets = Engine.row_logits(state, draft, out).argmax(dim=-1).tolist()
             return greedy_accept(draft.tree, targets)
-        probs = target_probs(out.tree_logits, state.params).cpu()
+        probs = target_probs(Engine.row_logits(state, draft, out), state.params).cpu()
         if draft.tree.draft_probs is None:
             return seeded_accept(draft.tree, probs, state.seed, len(state.tokens))
         return sample_accept(draft.tree, probs, state.generator)
