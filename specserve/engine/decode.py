@@ -23,6 +23,7 @@ from specserve.engine.proposers import REGISTRY, Proposer, ProposerContext
 from specserve.engine.sampling import SamplingParams, target_probs
 from specserve.engine.textstream import TextStream
 from specserve.engine.tree import Draft, cap_draft, draft_width
+from specserve.engine.penalties import penalized
 from specserve.engine.seeded import seeded_accept
 from specserve.engine.verify import greedy_accept, sample_accept
 
@@ -141,6 +142,9 @@ class Engine:
                 f"prompt: {len(prompt_ids)} tokens + max_new_tokens {params.max_new_tokens} "
                 f"exceed the model's context of {limit} positions"
             )
+        vocab = self.model.config.vocab_size
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise ValueError(f"logit_bias: token ids must be below the vocabulary size {vocab}")
         cfg = REGISTRY.config(strategy, config)
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**31)
         ctx = ProposerContext(
@@ -208,8 +212,8 @@ class Engine:
     @staticmethod
     def row_logits(state: RequestState, draft: Draft, out: ForwardOutput) -> torch.Tensor:
         """The target's logits at every verify row [n + 1, vocab] as the verifier reads them
-        (the root row, then node i's row i + 1)."""
-        return out.tree_logits
+        (the root row, then node i's row i + 1), penalties and logit_bias applied per row."""
+        return penalized(out.tree_logits, draft.tree, state.output_ids, state.params)
 
     @staticmethod
     def accept(state: RequestState, draft: Draft, out: ForwardOutput) -> tuple[list[int], int]:

@@ -7,7 +7,7 @@ lossless speculative acceptance, so speculation reproduces exactly this distribu
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class SamplingParams(BaseModel):
@@ -22,10 +22,25 @@ class SamplingParams(BaseModel):
     seed: int | None = None
     stop: list[str] = Field(default_factory=list)
     ignore_eos: bool = False
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[int, float] = Field(default_factory=dict, description="token id -> bias")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[int, float]) -> dict[int, float]:
+        if len(v) > 300 or any(t < 0 or not -100.0 <= b <= 100.0 for t, b in v.items()):
+            raise ValueError("logit_bias: at most 300 token ids >= 0, biases in -100..100")
+        return v
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether penalties or biases change the model's logits (engine/penalties.py)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

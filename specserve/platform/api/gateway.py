@@ -100,6 +100,9 @@ class Gateway:
             seed=req.seed,
             stop=req.stop or [],
             ignore_eos=req.ignore_eos,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            logit_bias=req.token_bias(),
         )
 
     def inflight_total(self) -> int:

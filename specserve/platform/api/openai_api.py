@@ -147,9 +147,9 @@ class _Common(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = None
     user: str | None = None
-    presence_penalty: Literal[0, 0.0] = 0.0
-    frequency_penalty: Literal[0, 0.0] = 0.0
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in -100..100
     ignore_eos: bool = False
 
     @field_validator("stop")
@@ -162,12 +162,14 @@ class _Common(BaseModel):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, v):
-        if v:
-            raise ValueError(
-                "logit_bias is not supported (it would change the target distribution)"
-            )
+    def _bias(cls, v):
+        bad = [t for t, b in (v or {}).items() if not t.isdigit() or not -100.0 <= b <= 100.0]
+        if bad or len(v or {}) > 300:
+            raise ValueError("logit_bias: at most 300 token ids (digits) to biases in -100..100")
         return v
+
+    def token_bias(self) -> dict[int, float]:
+        return {int(token): bias for token, bias in (self.logit_bias or {}).items()}
 
 
 class CompletionRequest(_Common):
