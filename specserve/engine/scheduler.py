@@ -10,74 +10,28 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 import torch
-from pydantic import BaseModel, ConfigDict
 
 from specserve.engine import hf_internals
 from specserve.engine.batch_cache import BatchKV
 from specserve.engine.batch_forward import BatchRow, verify_batch_forward
 from specserve.engine.batch_settings import BatchSettings
-from specserve.engine.decode import Engine, RequestState, StepResult, feature_layers
+from specserve.engine.decode import Engine, RequestState, feature_layers
 from specserve.engine.lora import BASE_ADAPTER
 from specserve.engine.lora_batch import takes_adapters
+from specserve.engine.prefix_share import can_share, share_prefill
 from specserve.engine.spec_budget import RowDraft, choose_cap
+from specserve.engine.tickets import Heartbeat, QueueFull, Ticket, lower_priority
 from specserve.engine.tree import Draft, cap_draft
 
 __all__ = ["BatchSettings", "Heartbeat", "QueueFull", "Scheduler", "Ticket"]
 log = logging.getLogger(__name__)
-
-
-def _lower_priority(niceness: int) -> None:
-    """Add `niceness` to the calling thread's (Linux: per thread; threads it starts inherit it)."""
-    if niceness <= 0 or not hasattr(os, "setpriority"):
-        return
-    tid = threading.get_native_id()
-    try:
-        os.setpriority(
-            os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness)
-        )
-    except OSError as err:  # e.g. a sandbox without setpriority: run at the same priority
-        log.warning("engine loop niceness not applied: %s", err)
-
-
-class Heartbeat(BaseModel):
-    """The loop thread's pulse, for health checks: whether it was started and still runs, how
-    long since it last finished an iteration (a step, the calls before it, or an idle wait),
-    and whether requests are waiting or running."""
-
-    model_config = ConfigDict(frozen=True)
-
-    started: bool
-    alive: bool
-    since_beat_s: float
-    pending: bool
-
-
-class QueueFull(RuntimeError):
-    """The replica's waiting queue (or this tenant's share of it) is full: retry later."""
-
-
-@dataclass
-class Ticket:
-    """One submitted request. `sink(step, finished)` gets every commit, then finished=True once."""
-
-    id: int
-    state: RequestState
-    tenant: str
-    load_aware: bool
-    sink: Callable[[StepResult | None, bool], None]
-    reserve: int
-    cancelled: bool = False
-    row: int | None = None  # its row in the decode batch
-    error: BaseException | None = None  # set when a failed step ended it
 
 
 class Scheduler:
@@ -104,6 +58,7 @@ class Scheduler:
             "decode_rows": 0,
             "decode_seconds": 0.0,
             "prefill_tokens": 0,
+            "shared_prefill_tokens": 0,  # prompt tokens n choices did not compute again
             "prefill_seconds": 0.0,
             "calls_seconds": 0.0,  # model changes run between steps (adapter hand-overs)
         }
@@ -121,9 +76,35 @@ class Scheduler:
 
     # --- called from any thread ---
 
-    def submit(self, state: RequestState, tenant: str, load_aware: bool, sink) -> Ticket:
-        """Queue a started request; raises QueueFull at once when there is no room to wait."""
-        reserve = state.prompt_len + state.params.max_new_tokens + self.settings.draft_reserve
+    def submit_group(
+        self, states: list[RequestState], tenant: str, load_aware: bool, sinks: list
+    ) -> list[Ticket]:
+        """Queue requests with one prompt (n choices) that share one prefill (prefix_share.py):
+        one queue entry, admitted together; each ticket may be cancelled on its own."""
+        if len(states) > self.settings.max_batch:
+            raise ValueError(f"n={len(states)} exceeds the batch of {self.settings.max_batch}")
+        if not all(can_share(states[0], s) for s in states[1:]):
+            raise ValueError("submit_group: the requests must share prompt and adapter")
+        leader = self.submit(states[0], tenant, load_aware, sinks[0], hold=True)
+        followers = [
+            Ticket(next(self._ids), s, tenant, load_aware, sink, 0)
+            for s, sink in zip(states[1:], sinks[1:], strict=True)
+        ]
+        with self._lock:
+            leader.followers = followers
+            leader.reserve += sum(self._reserve(s) for s in states[1:])
+            self._lock.notify()
+        return [leader, *followers]
+
+    def _reserve(self, state: RequestState) -> int:
+        return state.prompt_len + state.params.max_new_tokens + self.settings.draft_reserve
+
+    def submit(
+        self, state: RequestState, tenant: str, load_aware: bool, sink, hold: bool = False
+    ) -> Ticket:
+        """Queue a started request; raises QueueFull at once when there is no room to wait.
+        `hold`: do not wake the loop (submit_group completes the ticket first)."""
+        reserve = self._reserve(state)
         if reserve > self.settings.kv_tokens:
             raise ValueError(
                 f"request needs {reserve} KV positions; this replica holds {self.settings.kv_tokens}"
@@ -136,7 +117,8 @@ class Scheduler:
                 raise QueueFull(f"queue full for {tenant}: {len(queue)} requests waiting")
             ticket = Ticket(next(self._ids), state, tenant, load_aware, sink, reserve)
             self.waiting.setdefault(tenant, queue).append(ticket)
-            self._lock.notify()
+            if not hold:
+                self._lock.notify()
         return ticket
 
     def cancel(self, ticket: Ticket) -> None:
@@ -205,7 +187,7 @@ class Scheduler:
             self._thread.join(timeout=30)
 
     def run(self) -> None:
-        _lower_priority(self.settings.niceness)  # before the compute threads exist: they inherit
+        lower_priority(self.settings.niceness)  # before the compute threads exist: they inherit
         # OpenMP's thread count is per thread: a new thread starts from OMP_NUM_THREADS (Ray sets
         # it to the actor's num_cpus), not from the creator's torch.set_num_threads
         torch.set_num_threads(self._threads)
@@ -289,9 +271,15 @@ class Scheduler:
         with self._lock:
             for tenant, queue in list(self.waiting.items()):
                 for t in [t for t in queue if t.cancelled]:
+                    heir = self._promote(t)
                     queue.remove(t)
+                    if heir is not None:
+                        queue.appendleft(heir)
                     t.sink(None, True)
             for t in [t for t in self.prefilling if t.cancelled]:
+                heir = self._promote(t)
+                if heir is not None:
+                    self.prefilling.insert(self.prefilling.index(t), heir)
                 self.prefilling.remove(t)
                 self._release(t)
         if any(t.cancelled for t in self.decoding):
@@ -300,10 +288,18 @@ class Scheduler:
     def _admit(self) -> None:
         """Round-robin over tenants with waiting requests while the batch and KV budget allow."""
         with self._lock:
-            while len(self.prefilling) + len(self.decoding) < self.settings.max_batch:
+            while True:
+                used = sum(t.width for t in self.prefilling) + len(self.decoding)
                 ready = [q for q in self.waiting.values() if q]
                 room = self.settings.kv_tokens - self.reserved
-                head = next((q for q in ready if q[0].reserve <= room), None)
+                head = next(
+                    (
+                        q
+                        for q in ready
+                        if q[0].reserve <= room and used + q[0].width <= self.settings.max_batch
+                    ),
+                    None,
+                )
                 if head is None:
                     return
                 ticket = head.popleft()
@@ -318,6 +314,10 @@ class Scheduler:
         while self.prefilling and budget > 0:
             ticket = self.prefilling[0]
             state = ticket.state
+            if ticket.followers:  # n choices: prefill all but the last token, then share it
+                budget = self._share_prefill(ticket, budget)
+                if ticket.followers:
+                    return
             if len(state.pending) > budget:
                 self.engine.prefill_chunk(state, budget)
                 self.totals["prefill_tokens"] += budget
@@ -336,6 +336,26 @@ class Scheduler:
                 self.slots.append(ticket)
             else:
                 self.slots[ticket.row] = ticket
+
+    def _share_prefill(self, leader: Ticket, budget: int) -> int:
+        """Prefill the leader to its last prompt token (within `budget`), then hand the cache to
+        its live followers, queued right behind it for their one-token step; the budget left."""
+        state = leader.state
+        if len(state.pending) > 1:
+            chunk = min(budget, len(state.pending) - 1)
+            self.engine.prefill_chunk(state, chunk)
+            self.totals["prefill_tokens"] += chunk
+            budget -= chunk
+            if len(state.pending) > 1:
+                return budget
+        for follower in reversed(leader.followers):
+            if follower.cancelled:
+                follower.sink(None, True)
+                continue
+            self.totals["shared_prefill_tokens"] += share_prefill(state, follower.state)
+            self.prefilling.insert(1, follower)
+        leader.followers = []
+        return budget
 
     def _decode(self) -> None:
         live = self.decoding
@@ -410,8 +430,22 @@ class Scheduler:
         for row, t in enumerate(self.slots):
             t.row = row
 
+    def _promote(self, leader: Ticket) -> Ticket | None:
+        """A cancelled leader's first follower leads the others (and carries their
+        reservation); the leader keeps only its own."""
+        if not leader.followers:
+            return None
+        heir, *rest = leader.followers
+        heir.followers, heir.reserve = rest, leader.reserve - self._reserve(leader.state)
+        leader.followers, leader.reserve = [], self._reserve(leader.state)
+        return heir
+
     def _release(self, ticket: Ticket) -> None:
         with self._lock:
             self.reserved -= ticket.reserve
         ticket.state.cache = None
         ticket.sink(None, True)
+        for follower in ticket.followers:  # ended before sharing its prefill: they end too
+            follower.error = ticket.error
+            follower.sink(None, True)
+        ticket.followers = []

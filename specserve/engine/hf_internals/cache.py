@@ -6,6 +6,7 @@ back sliding-window layers), a batch's (`GrowingLayer`, `append_row`, `write_row
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from collections.abc import Sequence
@@ -26,6 +27,11 @@ def new_cache(config) -> DynamicCache:
         for layer, window in zip(cache.layers, layer_windows(config), strict=True)
     ]
     return cache
+
+
+def copy_cache(cache: DynamicCache) -> DynamicCache:
+    """An independent copy (its own tensors): a prompt prefilled once, decoded by several."""
+    return copy.deepcopy(cache)
 
 
 def cache_length(cache: DynamicCache) -> int:
