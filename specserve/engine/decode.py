@@ -17,14 +17,15 @@ from pydantic import BaseModel
 
 from specserve.engine import families, hf_internals
 from specserve.engine.forward import ForwardOutput, verify_forward
+from specserve.engine.logprobs import TokenLogprob, step_logprobs
 from specserve.engine.lora_batch import check_adapters
 from specserve.engine.ngram_pool import NGramPool
+from specserve.engine.penalties import penalized
 from specserve.engine.proposers import REGISTRY, Proposer, ProposerContext
 from specserve.engine.sampling import SamplingParams, target_probs
+from specserve.engine.seeded import seeded_accept
 from specserve.engine.textstream import TextStream
 from specserve.engine.tree import Draft, cap_draft, draft_width
-from specserve.engine.penalties import penalized
-from specserve.engine.seeded import seeded_accept
 from specserve.engine.verify import greedy_accept, sample_accept
 
 
@@ -73,6 +74,7 @@ class RequestState:
 class StepResult:
     new_ids: list[int]  # committed this step
     text: str  # text delta safe to stream
+    logprobs: list[TokenLogprob] | None = None  # one per new_ids token, when the request asks
 
 
 @dataclass(frozen=True)
@@ -244,7 +246,12 @@ class Engine:
             state.widths.append(pending + draft_width(draft))
         _count(state.drafted_by_depth, max(draft.tree.depths, default=0))
         _count(state.accepted_by_depth, len(accepted))
-        new_ids = self._commit(state, [draft.tree.tokens[i] for i in accepted] + [bonus])
+        tokens = [draft.tree.tokens[i] for i in accepted] + [bonus]
+        logprobs = None
+        if state.params.logprobs is not None:  # read before the commit extends the prefix
+            rows = Engine.row_logits(state, draft, out)
+            logprobs = step_logprobs(rows, accepted, tokens, state.params)
+        new_ids = self._commit(state, tokens)
         state.proposer.observe(draft, out.aux_tokens, state.tokens)
         if out.features is not None and not state.done:
             # rows whose next token is now committed: every pending row, then the accepted nodes
@@ -254,7 +261,8 @@ class Engine:
                 features = torch.cat([*state.prefill_features, features])
                 state.prefill_features = []
             state.proposer.observe_features(features, state.tokens)
-        return StepResult(new_ids, self._stream_text(state, new_ids))
+        logprobs = logprobs[: len(new_ids)] if logprobs is not None else None  # cut by EOS / limit
+        return StepResult(new_ids, self._stream_text(state, new_ids), logprobs)
 
     def _commit(self, state: RequestState, new_ids: list[int]) -> list[int]:
         """Append up to the first EOS / max_new_tokens; the last token becomes pending."""

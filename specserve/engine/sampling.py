@@ -25,6 +25,9 @@ class SamplingParams(BaseModel):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[int, float] = Field(default_factory=dict, description="token id -> bias")
+    logprobs: int | None = Field(
+        None, ge=0, le=20, description="report logprobs + this many top candidates per token"
+    )
 
     @field_validator("logit_bias")
     @classmethod

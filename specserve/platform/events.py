@@ -6,6 +6,7 @@ Across Ray they travel as `model_dump()` dicts; `parse_event` turns one back int
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -15,12 +16,34 @@ class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class TopToken(_Event):
+    """One candidate of a position: its text (the tokenizer's decode of the one id), id, logprob."""
+
+    token: str
+    token_id: int
+    logprob: float
+
+
+class TokenLogprob(_Event):
+    """A committed token's logprob under the distribution it was drawn from (engine/logprobs.py)
+    and the position's most likely candidates, most likely first."""
+
+    token: str
+    token_id: int
+    logprob: float
+    top_logprobs: list[TopToken]
+
+
 class Delta(_Event):
-    """New text of the completion and the token ids it decodes from."""
+    """New text of the completion and the token ids it decodes from; `logprobs` (when the request
+    asks): one per token id; per token, so they need not line up with the text held back for stop
+    strings or incomplete characters (a delta may carry logprobs and no text yet)."""
 
     type: Literal["delta"] = "delta"
     text: str
     token_ids: list[int]
+    index: int = Field(0, ge=0, exclude_if=lambda v: v == 0)  # the choice (n > 1)
+    logprobs: list[TokenLogprob] | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class Usage(_Event):
@@ -54,11 +77,32 @@ class Done(_Event):
     finish_reason: str
     usage: Usage
     specserve: DoneInfo
+    index: int = Field(0, ge=0, exclude_if=lambda v: v == 0)  # the choice (n > 1)
 
     def served_by(self, replica: str) -> Done:
         """This event naming the replica that served it (routing is observable)."""
         info = self.specserve.model_copy(update={"replica": replica})
         return self.model_copy(update={"specserve": info})
+
+
+def decoded_logprobs(logprobs, piece: Callable[[int], str]) -> list[TokenLogprob] | None:
+    """The engine's logprobs of a step (`engine.logprobs.TokenLogprob`s) with each token's text
+    `piece(token_id)`; None stays None."""
+    if logprobs is None:
+        return None
+
+    def top(c) -> TopToken:
+        return TopToken(token=piece(c.token_id), token_id=c.token_id, logprob=c.logprob)
+
+    return [
+        TokenLogprob(
+            token=piece(lp.token_id),
+            token_id=lp.token_id,
+            logprob=lp.logprob,
+            top_logprobs=[top(c) for c in lp.top],
+        )
+        for lp in logprobs
+    ]
 
 
 Event = Annotated[Delta | Done, Field(discriminator="type")]

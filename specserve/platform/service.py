@@ -25,7 +25,7 @@ from specserve.engine.prompts import encode_messages, encode_prompt
 from specserve.engine.proposers import DRAFTER_KINDS, REGISTRY
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.scheduler import BatchSettings, QueueFull, Scheduler
-from specserve.platform.events import Delta, Done, DoneInfo, Usage
+from specserve.platform.events import Delta, Done, DoneInfo, Usage, decoded_logprobs
 from specserve.policies.router import Decision, VariantView, decide
 from specserve.policies.settings import PolicySettings
 
@@ -272,8 +272,12 @@ class ModelService:
             try:
                 while not finished:
                     step, finished = await events.get()
-                    if step is not None and step.text:
-                        yield Delta(text=step.text, token_ids=step.new_ids)
+                    if step is not None and (step.text or step.logprobs):
+                        yield Delta(
+                            text=step.text,
+                            token_ids=step.new_ids,
+                            logprobs=decoded_logprobs(step.logprobs, self._piece),
+                        )
                 if ticket.error is not None:
                     raise RuntimeError(f"generation failed: {ticket.error}") from ticket.error
                 yield self._done(request, state, decision)
@@ -284,6 +288,10 @@ class ModelService:
         finally:
             self.ongoing -= 1
             hold.close()
+
+    def _piece(self, token_id: int) -> str:
+        """One token's text as logprobs name it (special tokens spelled out, e.g. EOS)."""
+        return self.loaded.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def _prepare(self, request: GenerateRequest, prepared: PreparedAdapter | None = None):
         """On the engine thread: make the adapter resident, pick the strategy, start the request.

@@ -103,6 +103,7 @@ class Gateway:
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
             logit_bias=req.token_bias(),
+            logprobs=req.logprobs_count(),
         )
 
     def inflight_total(self) -> int:

@@ -175,7 +175,7 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     prompt: str | list[str]
     echo: Literal[False] = False
-    logprobs: None = None
+    logprobs: int | None = Field(None, ge=0, le=5, description="top candidates per token")
     best_of: Literal[1] | None = None
     suffix: None = None
 
@@ -189,6 +189,10 @@ class CompletionRequest(_Common):
         if not v:
             raise ValueError("prompt: must not be empty")
         return v
+
+    def logprobs_count(self) -> int | None:
+        """The top candidates to report per token; None: no logprobs."""
+        return self.logprobs
 
 
 class TextPart(BaseModel):
@@ -217,8 +221,20 @@ class ResponseFormat(BaseModel):
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: Literal[False] = False
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, v, info):
+        if v is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs requires logprobs: true")
+        return v
+
+    def logprobs_count(self) -> int | None:
+        """The top candidates to report per token; None: no logprobs."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @field_validator("messages")
     @classmethod

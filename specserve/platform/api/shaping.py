@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 
 from specserve.platform.api.drain import ShuttingDown, shutting_down_error
 from specserve.platform.api.openai_api import ApiError
-from specserve.platform.events import Delta, Done
+from specserve.platform.events import Delta, Done, TokenLogprob
 from specserve.platform.service import ReplicaLost
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ class Reply:
         self.ttft: float | None = None
         self.gaps: list[float] = []
         self._last: float | None = None
+        self.text_offset = 0  # completions logprobs: the token texts' length so far
 
     def tick(self) -> None:
         now = time.perf_counter()
@@ -90,17 +91,56 @@ class Reply:
             "choices": choices,
         }
 
-    def chunk_choice(self, text: str, finish_reason: str | None) -> dict:
+    def chunk_choice(
+        self, text: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None = None
+    ) -> dict:
+        """A stream chunk's choice; `logprobs`: those of the delta's tokens (when asked)."""
         if self.endpoint == "chat":
             delta = {"content": text} if text else {}
-            return {"index": 0, "delta": delta, "finish_reason": finish_reason}
-        return {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+            return choice | self._chat_logprobs(logprobs)
+        shaped = self._completion_logprobs(logprobs)
+        return {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": shaped}
 
-    def choice(self, text: str, finish_reason: str) -> dict:
+    def choice(
+        self, text: str, finish_reason: str, logprobs: list[TokenLogprob] | None = None
+    ) -> dict:
+        """The whole response's choice; `logprobs`: every completion token's (when asked)."""
         if self.endpoint == "chat":
             message = {"role": "assistant", "content": text}
-            return {"index": 0, "message": message, "finish_reason": finish_reason}
-        return {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+            choice = {"index": 0, "message": message, "finish_reason": finish_reason}
+            return choice | self._chat_logprobs(logprobs)
+        shaped = self._completion_logprobs(logprobs)
+        return {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": shaped}
+
+    @staticmethod
+    def _chat_logprobs(logprobs: list[TokenLogprob] | None) -> dict:
+        """Chat's `logprobs` entry: {"content": [{token, logprob, bytes, top_logprobs}]}; no
+        entry unless asked (the shape stays as before)."""
+        if logprobs is None:
+            return {}
+        content = [
+            _token(lp) | {"top_logprobs": [_token(c) for c in lp.top_logprobs]} for lp in logprobs
+        ]
+        return {"logprobs": {"content": content}}
+
+    def _completion_logprobs(self, logprobs: list[TokenLogprob] | None) -> dict | None:
+        """The legacy completions object: tokens, token_logprobs, top_logprobs (the top candidates
+        and the chosen token, text -> logprob), text_offset (into the completion text, counted
+        over the token texts so far; a stream continues the count)."""
+        if logprobs is None:
+            return None
+        offsets = []
+        for lp in logprobs:
+            offsets.append(self.text_offset)
+            self.text_offset += len(lp.token)
+        tops = [_top_by_text(lp) for lp in logprobs]
+        return {
+            "tokens": [lp.token for lp in logprobs],
+            "token_logprobs": [_logprob(lp.logprob) for lp in logprobs],
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }
 
 
 async def collect(
@@ -112,10 +152,13 @@ async def collect(
 ) -> JSONResponse:
     """The whole response; stops the decode if the client disconnects. A model server failing
     after the first event raises ApiError 503 (`stream_failure`)."""
-    parts, event = [], first
+    parts, logprobs, event = [], None, first
     while isinstance(event, Delta):
         reply.tick()
         parts.append(event.text)
+        if event.logprobs is not None:
+            logprobs = [] if logprobs is None else logprobs
+            logprobs.extend(event.logprobs)
         if await http.is_disconnected():
             await events.aclose()
             raise asyncio.CancelledError("client disconnected")
@@ -124,7 +167,8 @@ async def collect(
         except Exception as err:  # noqa: BLE001 - any failure of the model server: a 503 body
             raise stream_failure(err, reply.request_id) from None
     on_done(reply, event)
-    body = reply.envelope([reply.choice("".join(parts), event.finish_reason)], whole=True)
+    choice = reply.choice("".join(parts), event.finish_reason, logprobs)
+    body = reply.envelope([choice], whole=True)
     return JSONResponse(
         body | {"usage": event.usage.model_dump(), "specserve": event.specserve.model_dump()}
     )
@@ -150,7 +194,7 @@ async def sse(
         try:
             while isinstance(event, Delta):
                 reply.tick()
-                yield _data(reply.envelope([reply.chunk_choice(event.text, None)]))
+                yield _data(reply.envelope([reply.chunk_choice(event.text, None, event.logprobs)]))
                 event = await anext(events)
         except Exception as err:  # noqa: BLE001 - the replica died or failed: still an end event
             failure = stream_failure(err, reply.request_id)
@@ -168,6 +212,27 @@ async def sse(
     finally:
         on_close()
         await events.aclose()
+
+
+LOGPROB_FLOOR = -9999.0  # OpenAI's stand-in for a log-probability too small to represent
+
+
+def _logprob(value: float) -> float:
+    return max(value, LOGPROB_FLOOR)  # JSON has no -inf
+
+
+def _top_by_text(lp: TokenLogprob) -> dict[str, float]:
+    """text -> logprob of the top candidates, most likely first, then the chosen token if it is
+    not among them (a text two ids decode to keeps the likelier)."""
+    out: dict[str, float] = {}
+    for c in [*lp.top_logprobs, lp]:
+        out.setdefault(c.token, _logprob(c.logprob))
+    return out
+
+
+def _token(lp) -> dict:
+    """{token, logprob, bytes} of a token or candidate: `bytes` are its text's UTF-8 bytes."""
+    return {"token": lp.token, "logprob": _logprob(lp.logprob), "bytes": list(lp.token.encode())}
 
 
 def _data(obj: dict) -> str:
