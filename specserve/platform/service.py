@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import random
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,9 @@ class Overloaded(Exception):
 class ReplicaLost(Exception):
     """The model server holding a request died or became unreachable mid-request (raised by a
     backend; the gateway ends the response with an error, or retries one that has not started)."""
+
+
+MAX_CHOICES = 16  # n per request (each choice is a batch row)
 
 
 class ServiceHealth(BaseModel):
@@ -73,6 +77,12 @@ class GenerateRequest(BaseModel):
     messages: list[dict[str, str]] | None = None  # a chat: through the chat template
     params: SamplingParams
     strategy: str | None = Field(None, description="bypass the policy (tests, benchmarks)")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="choices, sharing one prefill")
+
+    def choice_params(self, index: int, base_seed: int) -> SamplingParams:
+        """Choice `index`'s sampling: seed `base_seed + index`, so choice i answers what a single
+        request with that seed answers (choice 0: the request's own seed)."""
+        return self.params.model_copy(update={"seed": base_seed + index})
 
 
 class ModelService:
@@ -237,16 +247,21 @@ class ModelService:
             self.adapters.evict(key)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
-        """Yield delta events, then a done event; cancelling the consumer stops the decode (its
-        row leaves the batch at the next step). Raises Overloaded when the queue is full."""
+        """Yield delta events, then a done event, per choice (`index`; n > 1 share one prefill);
+        cancelling the consumer stops the decode (its rows leave the batch at the next step).
+        Raises Overloaded when the queue is full."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 
-        def sink(step, finished: bool) -> None:
-            # a consumer whose loop already closed (it cancelled, the step raced it) has nobody to
-            # tell; raising here would take the engine thread, and every other request, down
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(events.put_nowait, (step, finished))
+        def sink_for(index: int):
+            def sink(step, finished: bool) -> None:
+                # a consumer whose loop already closed (it cancelled, the step raced it) has
+                # nobody to tell; raising here would take the engine thread, and every other
+                # request, down
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(events.put_nowait, (index, step, finished))
+
+            return sink
 
         if not self.scheduler.running:
             self.start()
@@ -259,43 +274,55 @@ class ModelService:
         started = self.scheduler.call(lambda: self._prepare(request, adapter))
         # a consumer gone before this returns drops the result: its hold (a context-manager
         # generator) is closed when the ExitStack is freed
-        state, decision, hold = await asyncio.wrap_future(started)
+        states, decision, hold = await asyncio.wrap_future(started)
         self.ongoing += 1
-        finished = False
+        left = set(range(len(states)))
         try:
-            load_aware = request.strategy is None and not request.target.forced_strategy
-            tenant = str(request.target.key or "")
+            tickets = self._submit(request, states, [sink_for(i) for i in left])
             try:
-                ticket = self.scheduler.submit(state, tenant, load_aware, sink)
-            except QueueFull as err:
-                raise Overloaded(f"{self.loaded.model_id}: {err}") from None
-            try:
-                while not finished:
-                    step, finished = await events.get()
+                while left:
+                    index, step, finished = await events.get()
                     if step is not None and (step.text or step.logprobs):
                         yield Delta(
                             text=step.text,
                             token_ids=step.new_ids,
                             logprobs=decoded_logprobs(step.logprobs, self._piece),
+                            index=index,
                         )
-                if ticket.error is not None:
-                    raise RuntimeError(f"generation failed: {ticket.error}") from ticket.error
-                yield self._done(request, state, decision)
+                    if finished and index in left:
+                        left.discard(index)
+                        error = tickets[index].error
+                        if error is not None:
+                            raise RuntimeError(f"generation failed: {error}") from error
+                        done = self._done(request, states[index], decision)
+                        yield done.model_copy(update={"index": index})
             finally:
-                if not finished:  # the consumer went away (client disconnect, cancellation)
-                    self.scheduler.cancel(ticket)
+                if left:  # the consumer went away (client disconnect, cancellation)
+                    for index in left:
+                        self.scheduler.cancel(tickets[index])
                     self.cancelled += 1
         finally:
             self.ongoing -= 1
             hold.close()
+
+    def _submit(self, request: GenerateRequest, states: list[RequestState], sinks: list):
+        """Queue the request's choices (one prefill for all); Overloaded when the queue is full."""
+        load_aware = request.strategy is None and not request.target.forced_strategy
+        tenant = str(request.target.key or "")
+        try:
+            if len(states) == 1:
+                return [self.scheduler.submit(states[0], tenant, load_aware, sinks[0])]
+            return self.scheduler.submit_group(states, tenant, load_aware, sinks)
+        except QueueFull as err:
+            raise Overloaded(f"{self.loaded.model_id}: {err}") from None
 
     def _piece(self, token_id: int) -> str:
         """One token's text as logprobs name it (special tokens spelled out, e.g. EOS)."""
         return self.loaded.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def _prepare(self, request: GenerateRequest, prepared: PreparedAdapter | None = None):
-        """On the engine thread: make the adapter resident, pick the strategy, start the request.
-        Returns (state, decision, an ExitStack holding the adapter until the request ends)."""
+        """On the engine thread: make the adapter resident, pick the strategy, start the request's
+        choices. Returns (states, decision, an ExitStack holding the adapter until it ends)."""
         hold = contextlib.ExitStack()
         try:
             adapter = self.ensure_variant(request.target, prepared)
@@ -304,13 +331,25 @@ class ModelService:
             decision, config, drafter = self.choose(request)
             ids = self.encode(request)
             pool = self.pools.pool(request.target.key)
-            state = self.engine.start(
-                ids, request.params, decision.strategy, config, pool, adapter, drafter
-            )
+            base_seed = request.params.seed
+            if base_seed is None and request.n > 1:  # unseeded choices: each its own sample
+                base_seed = random.SystemRandom().randrange(2**31)
+            states = [
+                self.engine.start(
+                    ids,
+                    request.params if request.n == 1 else request.choice_params(i, base_seed),
+                    decision.strategy,
+                    config,
+                    pool,
+                    adapter,
+                    drafter,
+                )
+                for i in range(request.n)
+            ]
         except BaseException:
             hold.close()
             raise
-        return state, decision, hold
+        return states, decision, hold
 
     def _done(self, request: GenerateRequest, state: RequestState, decision: Decision) -> Done:
         result = self.engine.result(state)

@@ -429,7 +429,7 @@ def test_serves_unload_then_the_objects_finalizer_release_once(service, make_ada
 
 def _queue_one(service):
     """Start a request on this thread and queue it to the engine loop (no consumer)."""
-    state, _, hold = service._prepare(_request(max_new=5))
+    (state,), _, hold = service._prepare(_request(max_new=5))
     service.scheduler.submit(state, "", False, lambda step, finished: None)
     return hold
 

@@ -120,9 +120,9 @@ class Gateway:
             raise _broken(target)
         params = self.sampling(req)
         if isinstance(req, ChatCompletionRequest):
-            gen = GenerateRequest(target=target, messages=req.chat(), params=params)
+            gen = GenerateRequest(target=target, messages=req.chat(), params=params, n=req.n)
         else:
-            gen = GenerateRequest(target=target, prompt=req.prompt, params=params)
+            gen = GenerateRequest(target=target, prompt=req.prompt, params=params, n=req.n)
         if self.inflight[base_model] >= self.settings.max_inflight_per_model:
             raise _at_capacity(base_model)
         self.inflight[base_model] += 1
@@ -135,7 +135,7 @@ class Gateway:
             if getattr(err, "code", None) == DIGEST_MISMATCH and target.key is not None:
                 await asyncio.to_thread(self._mark_broken, target)
             raise
-        reply = Reply(endpoint, base_model, req.model, time.perf_counter(), request_id=rid)
+        reply = Reply(endpoint, base_model, req.model, time.perf_counter(), rid, req.n)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
 

@@ -141,7 +141,7 @@ class _Common(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
-    n: Literal[1] = 1
+    n: int = Field(1, ge=1, le=16)  # choices sharing one prefill; usage counts the prompt once
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None

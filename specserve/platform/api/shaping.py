@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 
 from specserve.platform.api.drain import ShuttingDown, shutting_down_error
 from specserve.platform.api.openai_api import ApiError
-from specserve.platform.events import Delta, Done, TokenLogprob
+from specserve.platform.events import Delta, Done, TokenLogprob, Usage
 from specserve.platform.service import ReplicaLost
 
 log = logging.getLogger(__name__)
@@ -53,8 +53,11 @@ class Reply:
         model: str,
         started: float,
         request_id: str | None = None,
+        n: int = 1,
     ) -> None:
-        """`request_id`: the HTTP request's (`x-request-id`); default: this reply's id."""
+        """`request_id`: the HTTP request's (`x-request-id`); default: this reply's id. `n`: the
+        choices the model server streams (events tagged by `index`)."""
+        self.n = n
         self.endpoint, self.base_model, self.model, self.started = (
             endpoint,
             base_model,
@@ -68,7 +71,7 @@ class Reply:
         self.ttft: float | None = None
         self.gaps: list[float] = []
         self._last: float | None = None
-        self.text_offset = 0  # completions logprobs: the token texts' length so far
+        self.text_offsets: dict[int, int] = {}  # completions logprobs, per choice: text so far
 
     def tick(self) -> None:
         now = time.perf_counter()
@@ -92,26 +95,34 @@ class Reply:
         }
 
     def chunk_choice(
-        self, text: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None = None
+        self,
+        text: str,
+        finish_reason: str | None,
+        logprobs: list[TokenLogprob] | None = None,
+        index: int = 0,
     ) -> dict:
         """A stream chunk's choice; `logprobs`: those of the delta's tokens (when asked)."""
         if self.endpoint == "chat":
             delta = {"content": text} if text else {}
-            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "finish_reason": finish_reason}
             return choice | self._chat_logprobs(logprobs)
-        shaped = self._completion_logprobs(logprobs)
-        return {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": shaped}
+        shaped = self._completion_logprobs(logprobs, index)
+        return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": shaped}
 
     def choice(
-        self, text: str, finish_reason: str, logprobs: list[TokenLogprob] | None = None
+        self,
+        text: str,
+        finish_reason: str,
+        logprobs: list[TokenLogprob] | None = None,
+        index: int = 0,
     ) -> dict:
         """The whole response's choice; `logprobs`: every completion token's (when asked)."""
         if self.endpoint == "chat":
             message = {"role": "assistant", "content": text}
-            choice = {"index": 0, "message": message, "finish_reason": finish_reason}
+            choice = {"index": index, "message": message, "finish_reason": finish_reason}
             return choice | self._chat_logprobs(logprobs)
-        shaped = self._completion_logprobs(logprobs)
-        return {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": shaped}
+        shaped = self._completion_logprobs(logprobs, index)
+        return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": shaped}
 
     @staticmethod
     def _chat_logprobs(logprobs: list[TokenLogprob] | None) -> dict:
@@ -124,7 +135,9 @@ class Reply:
         ]
         return {"logprobs": {"content": content}}
 
-    def _completion_logprobs(self, logprobs: list[TokenLogprob] | None) -> dict | None:
+    def _completion_logprobs(
+        self, logprobs: list[TokenLogprob] | None, index: int = 0
+    ) -> dict | None:
         """The legacy completions object: tokens, token_logprobs, top_logprobs (the top candidates
         and the chosen token, text -> logprob), text_offset (into the completion text, counted
         over the token texts so far; a stream continues the count)."""
@@ -132,8 +145,8 @@ class Reply:
             return None
         offsets = []
         for lp in logprobs:
-            offsets.append(self.text_offset)
-            self.text_offset += len(lp.token)
+            offsets.append(self.text_offsets.get(index, 0))
+            self.text_offsets[index] = offsets[-1] + len(lp.token)
         tops = [_top_by_text(lp) for lp in logprobs]
         return {
             "tokens": [lp.token for lp in logprobs],
@@ -150,28 +163,52 @@ async def collect(
     http: Request,
     on_done: OnDone,
 ) -> JSONResponse:
-    """The whole response; stops the decode if the client disconnects. A model server failing
-    after the first event raises ApiError 503 (`stream_failure`)."""
-    parts, logprobs, event = [], None, first
-    while isinstance(event, Delta):
-        reply.tick()
-        parts.append(event.text)
-        if event.logprobs is not None:
-            logprobs = [] if logprobs is None else logprobs
-            logprobs.extend(event.logprobs)
-        if await http.is_disconnected():
-            await events.aclose()
-            raise asyncio.CancelledError("client disconnected")
+    """The whole response (its `reply.n` choices); stops the decode if the client disconnects.
+    A model server failing after the first event raises ApiError 503 (`stream_failure`)."""
+    parts: dict[int, list[str]] = {i: [] for i in range(reply.n)}
+    logprobs: dict[int, list[TokenLogprob] | None] = dict.fromkeys(range(reply.n))
+    dones: dict[int, Done] = {}
+    event = first
+    while True:
+        if isinstance(event, Done):
+            dones[event.index] = event
+            if len(dones) == reply.n:
+                break
+        else:
+            reply.tick()
+            parts[event.index].append(event.text)
+            if event.logprobs is not None:
+                logprobs[event.index] = (logprobs[event.index] or []) + event.logprobs
+            if await http.is_disconnected():
+                await events.aclose()
+                raise asyncio.CancelledError("client disconnected")
         try:
             event = await anext(events)
         except Exception as err:  # noqa: BLE001 - any failure of the model server: a 503 body
             raise stream_failure(err, reply.request_id) from None
-    on_done(reply, event)
-    choice = reply.choice("".join(parts), event.finish_reason, logprobs)
-    body = reply.envelope([choice], whole=True)
+    done = merged(dones)
+    on_done(reply, done)
+    choices = [
+        reply.choice("".join(parts[i]), dones[i].finish_reason, logprobs[i], i)
+        for i in range(reply.n)
+    ]
+    body = reply.envelope(choices, whole=True)
     return JSONResponse(
-        body | {"usage": event.usage.model_dump(), "specserve": event.specserve.model_dump()}
+        body | {"usage": done.usage.model_dump(), "specserve": done.specserve.model_dump()}
     )
+
+
+def merged(dones: dict[int, Done]) -> Done:
+    """One request's end over its choices, as OpenAI counts usage: the prompt once, every
+    choice's completion tokens; how it was served: choice 0's."""
+    first = dones[0]
+    completion = sum(d.usage.completion_tokens for d in dones.values())
+    usage = Usage(
+        prompt_tokens=first.usage.prompt_tokens,
+        completion_tokens=completion,
+        total_tokens=first.usage.prompt_tokens + completion,
+    )
+    return first.model_copy(update={"usage": usage})
 
 
 async def sse(
@@ -189,12 +226,22 @@ async def sse(
     try:
         if reply.endpoint == "chat":
             role = {"role": "assistant", "content": ""}
-            yield _data(reply.envelope([{"index": 0, "delta": role, "finish_reason": None}]))
-        event = first
+            for i in range(reply.n):
+                yield _data(reply.envelope([{"index": i, "delta": role, "finish_reason": None}]))
+        event, dones = first, {}
         try:
-            while isinstance(event, Delta):
-                reply.tick()
-                yield _data(reply.envelope([reply.chunk_choice(event.text, None, event.logprobs)]))
+            while True:
+                if isinstance(event, Done):  # this choice's last chunk
+                    dones[event.index] = event
+                    final = reply.chunk_choice("", event.finish_reason, index=event.index)
+                    info = {"specserve": event.specserve.model_dump()}
+                    yield _data(reply.envelope([final]) | info)
+                    if len(dones) == reply.n:
+                        break
+                else:
+                    reply.tick()
+                    choice = reply.chunk_choice(event.text, None, event.logprobs, event.index)
+                    yield _data(reply.envelope([choice]))
                 event = await anext(events)
         except Exception as err:  # noqa: BLE001 - the replica died or failed: still an end event
             failure = stream_failure(err, reply.request_id)
@@ -203,11 +250,10 @@ async def sse(
             yield _data(failure.body(reply.request_id))
             yield "data: [DONE]\n\n"
             return
-        on_done(reply, event)
-        final = reply.envelope([reply.chunk_choice("", event.finish_reason)])
-        yield _data(final | {"specserve": event.specserve.model_dump()})
+        done = merged(dones)
+        on_done(reply, done)
         if include_usage:
-            yield _data(reply.envelope([]) | {"usage": event.usage.model_dump()})
+            yield _data(reply.envelope([]) | {"usage": done.usage.model_dump()})
         yield "data: [DONE]\n\n"
     finally:
         on_close()

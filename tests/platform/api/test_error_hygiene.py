@@ -205,7 +205,7 @@ def test_some_content_reaches_the_backend():
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"n": 2}, "n"),
+        ({"n": 17}, "n"),
         ({"temperature": 9}, "temperature"),
         ({"stop": ["a", ""]}, "stop"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),

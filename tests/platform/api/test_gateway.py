@@ -168,7 +168,7 @@ def test_base_completion_and_stream_with_usage(platform, tiny_llama):
             "max_tokens",
             "max_tokens_too_large",
         ),
-        ({"model": BASE, "prompt": "w1", "n": 2}, 400, "n", "invalid_value"),
+        ({"model": BASE, "prompt": "w1", "n": 0}, 400, "n", "invalid_value"),
         ({"model": BASE, "prompt": "w1", "frobnicate": 1}, 400, "frobnicate", "unknown_field"),
         (
             {"model": BASE, "prompt": "w1", "temperature": 3},
