@@ -331,3 +331,30 @@ def test_client_disconnect_stops_the_generation(stack):
     assert completed() == before  # it was stopped, not run to its 240 tokens
     cancelled = re.compile(r"specserve_replica_cancelled\{[^}]*\} (\S+)")
     assert float(cancelled.search(_call(f"{base}/metrics")[1]).group(1)) == 1.0
+
+
+def test_seeded_choices_and_logprobs_cross_ray(stack):
+    """n choices, seeds and logprobs through Serve: events tagged by choice index and logprobs
+    survive the trip from a replica; choice i equals a single request with seed + i."""
+    base = stack[0]
+
+    def chat(**kw):
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": 12,
+            "temperature": 0.9,
+        } | kw
+        status, text = _call(f"{base}/v1/chat/completions", "POST", body)
+        assert status == 200, text
+        return json.loads(text)
+
+    both = chat(n=2, seed=5, logprobs=True, top_logprobs=2)
+    assert [c["index"] for c in both["choices"]] == [0, 1]
+    listed = 0
+    for i, choice in enumerate(both["choices"]):
+        alone = chat(seed=5 + i)
+        assert choice["message"]["content"] == alone["choices"][0]["message"]["content"]
+        listed += len(choice["logprobs"]["content"])
+        assert all(len(t["top_logprobs"]) <= 2 for t in choice["logprobs"]["content"])
+    assert listed == both["usage"]["completion_tokens"]  # one entry per completion token
