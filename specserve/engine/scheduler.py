@@ -316,7 +316,7 @@ class Scheduler:
             state = ticket.state
             if ticket.followers:  # n choices: prefill all but the last token, then share it
                 budget = self._share_prefill(ticket, budget)
-                if ticket.followers:
+                if ticket.followers or budget == 0:
                     return
             if len(state.pending) > budget:
                 self.engine.prefill_chunk(state, budget)

@@ -79,6 +79,16 @@ def test_each_choice_equals_its_seed_alone_and_the_prompt_is_computed_once(engin
     assert scheduler.active() == 0 and scheduler.reserved == 0
 
 
+@pytest.mark.parametrize(("prompt_len", "chunk"), [(17, 16), (16, 16), (33, 16), (5, 4)])
+def test_prompts_that_end_on_a_chunk_boundary(engine, prompt_len, chunk):
+    prompt = _prompt(prompt_len, seed=prompt_len)
+    params_list = [_params(seed) for seed in (4, 5)]
+    scheduler = Scheduler(engine, BatchSettings(max_batch=4, prefill_chunk=chunk))
+    outs = _run_group(engine, scheduler, prompt, params_list, "prompt_lookup")
+    for params, out in zip(params_list, outs, strict=True):
+        assert out == _alone(engine, prompt, params, "prompt_lookup")
+
+
 def test_greedy_choices_are_identical_and_a_one_token_prompt_works(engine):
     scheduler = Scheduler(engine, BatchSettings(max_batch=4))
     outs = _run_group(engine, scheduler, [7], [SamplingParams(max_new_tokens=8)] * 2, "ar")
