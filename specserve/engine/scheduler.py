@@ -10,31 +10,30 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from concurrent.futures import Future
-
-import torch
 
 from specserve.engine import hf_internals
 from specserve.engine.batch_cache import BatchKV
 from specserve.engine.batch_forward import BatchRow, verify_batch_forward
 from specserve.engine.batch_settings import BatchSettings
 from specserve.engine.decode import Engine, RequestState, feature_layers
+from specserve.engine.loop import EngineLoop
 from specserve.engine.lora import BASE_ADAPTER
 from specserve.engine.lora_batch import takes_adapters
 from specserve.engine.prefix_share import can_share, share_prefill
 from specserve.engine.spec_budget import RowDraft, choose_cap
-from specserve.engine.tickets import Heartbeat, QueueFull, Ticket, lower_priority
+from specserve.engine.tickets import EngineDead, Heartbeat, QueueFull, Ticket
 from specserve.engine.tree import Draft, cap_draft
 
-__all__ = ["BatchSettings", "Heartbeat", "QueueFull", "Scheduler", "Ticket"]
+__all__ = ["BatchSettings", "EngineDead", "Heartbeat", "QueueFull", "Scheduler", "Ticket"]
 log = logging.getLogger(__name__)
 
 
-class Scheduler:
+class Scheduler(EngineLoop):
+    """The batching policy over one engine; the loop thread itself is `EngineLoop`'s."""
+
     def __init__(
         self,
         engine: Engine,
@@ -45,6 +44,7 @@ class Scheduler:
         never cuts drafts."""
         self.engine = engine
         self.settings = settings or BatchSettings()
+        super().__init__(self.settings.niceness)
         self.relative_cost = relative_cost
         self.kv = BatchKV(engine.model.config)
         hf_internals.enable_row_attention(engine.model)  # each row attends its own columns only
@@ -67,12 +67,7 @@ class Scheduler:
         self._calls_before = 0.0
         self.last_cap: int | None = None
         self._ids = itertools.count(1)
-        self._lock = threading.Condition()
-        self._calls: deque[tuple[Callable[[], object], Future]] = deque()
-        self._stop = False
-        self._thread: threading.Thread | None = None
-        self._beat = time.monotonic()  # the loop's last finished iteration (heartbeat)
-        self._threads = torch.get_num_threads()  # the creator's intra-op threads, for the loop
+        self._open: dict[int, Ticket] = {}  # submitted, not finished (wherever they are)
 
     # --- called from any thread ---
 
@@ -92,6 +87,7 @@ class Scheduler:
         ]
         with self._lock:
             leader.followers = followers
+            self._open.update((f.id, f) for f in followers)
             leader.reserve += sum(self._reserve(s) for s in states[1:])
             self._lock.notify()
         return [leader, *followers]
@@ -110,6 +106,8 @@ class Scheduler:
                 f"request needs {reserve} KV positions; this replica holds {self.settings.kv_tokens}"
             )
         with self._lock:
+            if self.dead is not None:
+                raise self.dead
             queue = self.waiting.get(tenant, deque())
             if sum(map(len, self.waiting.values())) >= self.settings.max_queue:
                 raise QueueFull(f"queue full: {self.settings.max_queue} requests waiting")
@@ -117,6 +115,7 @@ class Scheduler:
                 raise QueueFull(f"queue full for {tenant}: {len(queue)} requests waiting")
             ticket = Ticket(next(self._ids), state, tenant, load_aware, sink, reserve)
             self.waiting.setdefault(tenant, queue).append(ticket)
+            self._open[ticket.id] = ticket
             if not hold:
                 self._lock.notify()
         return ticket
@@ -126,16 +125,6 @@ class Scheduler:
         with self._lock:
             ticket.cancelled = True
             self._lock.notify()
-
-    def call(self, fn: Callable[[], object]) -> Future:
-        """Run `fn` on the loop thread between steps (model changes: loading an adapter)."""
-        future: Future = Future()
-        with self._lock:
-            self._calls.append((fn, future))
-            self._lock.notify()
-        if self._thread is None:  # not running on a thread: run now
-            self._run_calls()
-        return future
 
     def stats(self) -> dict:
         with self._lock:
@@ -150,62 +139,36 @@ class Scheduler:
                 "draft_cap": self.last_cap,
             }
 
-    def heartbeat(self) -> Heartbeat:
-        """Cheap: the lock is held only between steps, never across one."""
-        with self._lock:
-            pending = self._has_work() or bool(self._calls)
-        return Heartbeat(
-            started=self._thread is not None,
-            alive=self.running,
-            since_beat_s=time.monotonic() - self._beat,
-            pending=pending,
-        )
-
     @property
     def decoding(self) -> list[Ticket]:
         """Requests in the decode batch, in row order."""
         return [t for t in self.slots if t is not None]
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     def active(self) -> int:
         s = self.stats()
         return s["waiting"] + s["prefilling"] + s["decoding"]
 
-    def start(self) -> Scheduler:
-        self._thread = threading.Thread(target=self.run, name="specserve-engine", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
+    def _fail_all(self, dead: EngineDead) -> None:
+        """The loop died: end every request, queued, admitted or mid-step."""
         with self._lock:
-            self._stop = True
-            self._lock.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+            held = list(self._open.values())
+            self.waiting.clear()
+        self.prefilling.clear()
+        self.slots = []
+        for ticket in held:
+            ticket.error = dead
+            self._finish(ticket)
 
-    def run(self) -> None:
-        lower_priority(self.settings.niceness)  # before the compute threads exist: they inherit
-        # OpenMP's thread count is per thread: a new thread starts from OMP_NUM_THREADS (Ray sets
-        # it to the actor's num_cpus), not from the creator's torch.set_num_threads
-        torch.set_num_threads(self._threads)
-        while True:
-            with self._lock:
-                while not self._stop and not self._calls and not self._has_work():
-                    self._beat = time.monotonic()
-                    self._lock.wait(timeout=1.0)
-                if self._stop:
-                    return
-                self._beat = time.monotonic()  # woken for work: a step is due from now
-            self._run_calls()
-            try:
-                self.step()
-            except Exception as err:
-                log.exception("engine step failed; failing the requests it held")
-                self.fail_running(err)
-            self._beat = time.monotonic()
+    def _called(self, seconds: float) -> None:
+        self.totals["calls_seconds"] += seconds
+        self._calls_before += seconds
+
+    def _finish(self, ticket: Ticket) -> None:
+        """Tell its consumer it ended (once)."""
+        with self._lock:
+            if self._open.pop(ticket.id, None) is None:
+                return
+        ticket.sink(None, True)
 
     def fail_running(self, err: BaseException) -> None:
         """End every prefilling and decoding request with `err` (their state is unknown after a
@@ -247,26 +210,6 @@ class Scheduler:
     def _has_work(self) -> bool:
         return bool(self.prefilling or self.decoding or any(self.waiting.values()))
 
-    def _run_calls(self) -> None:
-        while True:
-            with self._lock:
-                if not self._calls:
-                    return
-                fn, future = self._calls.popleft()
-            started = time.perf_counter()
-            self._run_call(fn, future)
-            seconds = time.perf_counter() - started
-            self.totals["calls_seconds"] += seconds
-            self._calls_before += seconds
-
-    @staticmethod
-    def _run_call(fn, future: Future) -> None:
-        if future.set_running_or_notify_cancel():
-            try:
-                future.set_result(fn())
-            except BaseException as err:  # noqa: BLE001 - handed to the caller
-                future.set_exception(err)
-
     def _drop_cancelled(self) -> None:
         with self._lock:
             for tenant, queue in list(self.waiting.items()):
@@ -275,7 +218,7 @@ class Scheduler:
                     queue.remove(t)
                     if heir is not None:
                         queue.appendleft(heir)
-                    t.sink(None, True)
+                    self._finish(t)
             for t in [t for t in self.prefilling if t.cancelled]:
                 heir = self._promote(t)
                 if heir is not None:
@@ -350,7 +293,7 @@ class Scheduler:
                 return budget
         for follower in reversed(leader.followers):
             if follower.cancelled:
-                follower.sink(None, True)
+                self._finish(follower)
                 continue
             self.totals["shared_prefill_tokens"] += share_prefill(state, follower.state)
             self.prefilling.insert(1, follower)
@@ -444,8 +387,8 @@ class Scheduler:
         with self._lock:
             self.reserved -= ticket.reserve
         ticket.state.cache = None
-        ticket.sink(None, True)
+        self._finish(ticket)
         for follower in ticket.followers:  # ended before sharing its prefill: they end too
             follower.error = ticket.error
-            follower.sink(None, True)
+            self._finish(follower)
         ticket.followers = []

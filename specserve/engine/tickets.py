@@ -1,5 +1,6 @@
 """What the scheduler queues and reports: a `Ticket` per submitted request (with the followers
-that share its prefill), `QueueFull`, the loop's `Heartbeat`, and the loop thread's niceness."""
+that share its prefill), `QueueFull`, `EngineDead`, the loop's `Heartbeat`, and the loop
+thread's niceness."""
 
 from __future__ import annotations
 
@@ -40,6 +41,11 @@ class Heartbeat(BaseModel):
     alive: bool
     since_beat_s: float
     pending: bool
+
+
+class EngineDead(RuntimeError):
+    """The engine loop thread died: the requests it held were failed, and nothing submitted
+    here will run again (the replica's health check fails; it must be replaced)."""
 
 
 class QueueFull(RuntimeError):

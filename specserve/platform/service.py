@@ -25,7 +25,7 @@ from specserve.engine.lora import BASE_ADAPTER
 from specserve.engine.prompts import encode_messages, encode_prompt
 from specserve.engine.proposers import DRAFTER_KINDS, REGISTRY
 from specserve.engine.sampling import SamplingParams
-from specserve.engine.scheduler import BatchSettings, QueueFull, Scheduler
+from specserve.engine.scheduler import BatchSettings, EngineDead, QueueFull, Scheduler
 from specserve.platform.events import Delta, Done, DoneInfo, Usage, decoded_logprobs
 from specserve.policies.router import Decision, VariantView, decide
 from specserve.policies.settings import PolicySettings
@@ -263,8 +263,8 @@ class ModelService:
 
             return sink
 
-        if not self.scheduler.running:
-            self.start()
+        if not self.scheduler.heartbeat().started:
+            self.start()  # never a second loop: a dead one refuses (EngineDead -> Overloaded)
         # a cold adapter is read and converted on a worker thread while the loop keeps stepping;
         # the hand-over to the store happens on the engine thread, between steps
         adapter = None
@@ -274,7 +274,10 @@ class ModelService:
         started = self.scheduler.call(lambda: self._prepare(request, adapter))
         # a consumer gone before this returns drops the result: its hold (a context-manager
         # generator) is closed when the ExitStack is freed
-        states, decision, hold = await asyncio.wrap_future(started)
+        try:
+            states, decision, hold = await asyncio.wrap_future(started)
+        except EngineDead as err:  # 503 + Retry-After: another replica, or this one replaced
+            raise Overloaded(f"{self.loaded.model_id}: {err}") from None
         self.ongoing += 1
         left = set(range(len(states)))
         try:
@@ -313,7 +316,7 @@ class ModelService:
             if len(states) == 1:
                 return [self.scheduler.submit(states[0], tenant, load_aware, sinks[0])]
             return self.scheduler.submit_group(states, tenant, load_aware, sinks)
-        except QueueFull as err:
+        except (QueueFull, EngineDead) as err:
             raise Overloaded(f"{self.loaded.model_id}: {err}") from None
 
     def _piece(self, token_id: int) -> str:

@@ -93,3 +93,43 @@ def test_fault_route_is_off_unless_enabled_and_needs_the_admin_token(service, en
 
     unknown = client.post("/admin/faults", json=body | {"model": "x"}, headers=auth)
     assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model"
+
+
+def test_a_killed_loop_ends_every_request_it_held_and_refuses_new_ones(service, monkeypatch):
+    """No stream waits forever on a dead loop: running and queued requests end with an error,
+    later ones are refused at once (503 at the gateway), and no second loop is started."""
+    import asyncio
+
+    from specserve.engine.sampling import SamplingParams
+    from specserve.platform.service import GenerateRequest, Overloaded, Target
+
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # expected: not reported
+
+    def request(i):
+        params = SamplingParams(max_new_tokens=200, ignore_eos=True, temperature=1.0, seed=i)
+        return GenerateRequest(target=Target(), prompt="w1 w2 w3", params=params, strategy="ar")
+
+    async def consume(i, started):
+        try:
+            async for event in service.generate(request(i)):
+                started.set()
+            return "completed"
+        except Exception as err:  # noqa: BLE001 - what the gateway turns into an error event
+            return type(err).__name__
+
+    async def run():
+        started = asyncio.Event()
+        tasks = [asyncio.create_task(consume(i, started)) for i in range(3)]
+        await asyncio.wait_for(started.wait(), 30)
+        inject(service, "kill_engine_loop")
+        outcomes = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        with pytest.raises(Overloaded, match="engine loop thread died"):
+            async for _ in service.generate(request(9)):
+                pass
+        return outcomes
+
+    outcomes = asyncio.run(run())
+    assert outcomes.count("completed") < 3 and "RuntimeError" in outcomes, outcomes
+    assert not service.scheduler.running and service.health(60.0).reason == (
+        "engine loop thread is dead"
+    )
