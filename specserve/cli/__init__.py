@@ -9,7 +9,18 @@ import sys
 
 from pydantic import ValidationError
 
-from specserve.cli import bench, drain, generate, loadtest, models, training, tune, up, variants
+from specserve.cli import (
+    bench,
+    drain,
+    faults,
+    generate,
+    loadtest,
+    models,
+    training,
+    tune,
+    up,
+    variants,
+)
 
 COMMANDS = (
     models,
@@ -21,6 +32,7 @@ COMMANDS = (
     drain,
     loadtest,
     variants,
+    faults,
 )  # in --help order
 
 
