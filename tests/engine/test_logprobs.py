@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from specserve.engine.decode import Engine
-from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
 from specserve.engine.logprobs import committed_rows, logprob_rows, step_logprobs, token_logprobs
 from specserve.engine.sampling import SamplingParams, target_probs
 from specserve.engine.scheduler import BatchSettings, Scheduler
@@ -82,13 +81,8 @@ def test_step_logprobs_read_the_committed_rows_only():
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_llama, tokenizer, random_drafter):
-    model = tiny_llama(1, init_range=0.1)
-    drafters = {
-        "medusa": random_drafter(model, MedusaSpec(heads=2, topk=4), seed=2, scale=0.1),
-        "eagle": random_drafter(model, EagleSpec(feature_layers=(0, -1)), seed=4, scale=0.1),
-    }
-    return Engine(model, tokenizer, frozenset(), drafters=drafters)
+def engine(drafting_engine):
+    return drafting_engine(eagle_seed=4)
 
 
 def _prompt(seed: int, n: int = 40) -> list[int]:

@@ -11,8 +11,6 @@ import pytest
 import torch
 from schedules import STRATEGIES
 
-from specserve.engine.decode import Engine
-from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
 from specserve.engine.penalties import penalized, prefix_counts
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.scheduler import BatchSettings, Scheduler
@@ -59,13 +57,8 @@ def test_bias_ids_outside_the_vocabulary_are_refused(engine):
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_llama, tokenizer, random_drafter):
-    model = tiny_llama(1, init_range=0.1)
-    drafters = {
-        "medusa": random_drafter(model, MedusaSpec(heads=2, topk=4), seed=2, scale=0.1),
-        "eagle": random_drafter(model, EagleSpec(feature_layers=(0, -1)), seed=3, scale=0.1),
-    }
-    return Engine(model, tokenizer, frozenset(), drafters=drafters)
+def engine(drafting_engine):
+    return drafting_engine()
 
 
 def _plain(model, prompt, params) -> list[int]:

@@ -10,21 +10,14 @@ import random
 import pytest
 from schedules import STRATEGIES
 
-from specserve.engine.decode import Engine
-from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
 from specserve.engine.prefix_share import share_prefill
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.scheduler import BatchSettings, Scheduler
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_llama, tokenizer, random_drafter):
-    model = tiny_llama(1, init_range=0.1)
-    drafters = {
-        "medusa": random_drafter(model, MedusaSpec(heads=2, topk=4), seed=2, scale=0.1),
-        "eagle": random_drafter(model, EagleSpec(feature_layers=(0, -1)), seed=3, scale=0.1),
-    }
-    return Engine(model, tokenizer, frozenset(), drafters=drafters)
+def engine(drafting_engine):
+    return drafting_engine()
 
 
 def _prompt(n: int, seed: int = 0) -> list[int]:

@@ -11,8 +11,6 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specserve.engine.decode import Engine
-from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
 from specserve.engine.ngram_pool import NGramPool
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.seeded import mix, node_positions, seeded_accept, seeded_tokens, uniform
@@ -84,13 +82,8 @@ def test_acceptance_is_greedy_against_the_seeded_samples():
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_llama, tokenizer, random_drafter):
-    model = tiny_llama(1, init_range=0.1)
-    drafters = {
-        "medusa": random_drafter(model, MedusaSpec(heads=2, topk=4), seed=2, scale=0.1),
-        "eagle": random_drafter(model, EagleSpec(feature_layers=(0, -1)), seed=3, scale=0.1),
-    }
-    return Engine(model, tokenizer, frozenset(), drafters=drafters)
+def engine(drafting_engine):
+    return drafting_engine()
 
 
 def _prompt(seed: int) -> list[int]:
