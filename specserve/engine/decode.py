@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from specserve.engine import families, hf_internals
 from specserve.engine.forward import ForwardOutput, verify_forward
-from specserve.engine.logprobs import TokenLogprob, step_logprobs
+from specserve.engine.logprobs import TokenLogprob, logprob_rows, step_logprobs
 from specserve.engine.lora_batch import check_adapters
 from specserve.engine.ngram_pool import NGramPool
 from specserve.engine.penalties import penalized
@@ -75,6 +75,16 @@ class StepResult:
     new_ids: list[int]  # committed this step
     text: str  # text delta safe to stream
     logprobs: list[TokenLogprob] | None = None  # one per new_ids token, when the request asks
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The verifier's decision for one step: accepted draft nodes (root to leaf), the bonus
+    token, and the committed tokens' logprobs when the request asks (else None)."""
+
+    accepted: list[int]
+    bonus: int
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True)
@@ -188,9 +198,9 @@ class Engine:
             feature_layers(state),
             state.adapter,
         )
-        accepted, bonus = self.accept(state, draft, out)
-        hf_internals.keep_rows(state.cache, past + len(state.pending), accepted)
-        return self.commit(state, draft, out, accepted, bonus)
+        verdict = self.accept(state, draft, out)
+        hf_internals.keep_rows(state.cache, past + len(state.pending), verdict.accepted)
+        return self.commit(state, draft, out, verdict)
 
     def prefill_chunk(self, state: RequestState, size: int) -> None:
         """Feed the first `size` pending prompt tokens into the cache and commit nothing (chunked
@@ -215,28 +225,40 @@ class Engine:
     def row_logits(state: RequestState, draft: Draft, out: ForwardOutput) -> torch.Tensor:
         """The target's logits at every verify row [n + 1, vocab] as the verifier reads them
         (the root row, then node i's row i + 1), penalties and logit_bias applied per row."""
+        if not state.params.penalized:  # the common case: no prefix to count
+            return out.tree_logits
         return penalized(out.tree_logits, draft.tree, state.output_ids, state.params)
 
     @staticmethod
-    def accept(state: RequestState, draft: Draft, out: ForwardOutput) -> tuple[list[int], int]:
-        """The verifier: accepted draft nodes and the bonus token. Greedy: the argmax; sampled:
-        the position-keyed sample (seeded.py: reproducible, lossless); a draft carrying its own
-        distribution q: recursive rejection sampling (lossless, not reproducible)."""
-        if state.params.greedy:
-            targets = Engine.row_logits(state, draft, out).argmax(dim=-1).tolist()
-            return greedy_accept(draft.tree, targets)
-        probs = target_probs(Engine.row_logits(state, draft, out), state.params).cpu()
-        if draft.tree.draft_probs is None:
-            return seeded_accept(draft.tree, probs, state.seed, len(state.tokens))
-        return sample_accept(draft.tree, probs, state.generator)
+    def accept(state: RequestState, draft: Draft, out: ForwardOutput) -> Verdict:
+        """The verifier: accepted draft nodes and the bonus token, from one reading of the rows.
+        Greedy: the argmax; sampled: the position-keyed sample (seeded.py: reproducible,
+        lossless); a draft carrying its own distribution q: recursive rejection sampling
+        (lossless, not reproducible). With the request's `logprobs`, those of the committed
+        tokens, from the same distribution (engine/logprobs.py)."""
+        params, tree = state.params, draft.tree
+        rows = Engine.row_logits(state, draft, out)  # [n + 1, vocab]
+        if params.greedy:
+            accepted, bonus = greedy_accept(tree, rows.argmax(dim=-1).tolist())
+            log_rows = None if params.logprobs is None else logprob_rows(rows, params)
+        else:
+            probs = target_probs(rows, params).cpu()
+            if tree.draft_probs is None:
+                accepted, bonus = seeded_accept(tree, probs, state.seed, len(state.tokens))
+            else:
+                accepted, bonus = sample_accept(tree, probs, state.generator)
+            log_rows = None if params.logprobs is None else torch.log(probs)
+        if log_rows is None:
+            return Verdict(accepted, bonus)
+        tokens = [tree.tokens[i] for i in accepted] + [bonus]
+        return Verdict(accepted, bonus, step_logprobs(log_rows, accepted, tokens, params.logprobs))
 
     def commit(
         self,
         state: RequestState,
         draft: Draft,
         out: ForwardOutput,
-        accepted: list[int],
-        bonus: int,
+        verdict: Verdict,
     ) -> StepResult:
         """Append the accepted path + bonus, update counters, feed the proposer, stream text.
         The caller has already kept the KV entries of the pending rows and the accepted nodes."""
@@ -245,13 +267,9 @@ class Engine:
         if pending == 1:
             state.widths.append(pending + draft_width(draft))
         _count(state.drafted_by_depth, max(draft.tree.depths, default=0))
+        accepted = verdict.accepted
         _count(state.accepted_by_depth, len(accepted))
-        tokens = [draft.tree.tokens[i] for i in accepted] + [bonus]
-        logprobs = None
-        if state.params.logprobs is not None:  # read before the commit extends the prefix
-            rows = Engine.row_logits(state, draft, out)
-            logprobs = step_logprobs(rows, accepted, tokens, state.params)
-        new_ids = self._commit(state, tokens)
+        new_ids = self._commit(state, [draft.tree.tokens[i] for i in accepted] + [verdict.bonus])
         state.proposer.observe(draft, out.aux_tokens, state.tokens)
         if out.features is not None and not state.done:
             # rows whose next token is now committed: every pending row, then the accepted nodes
@@ -261,6 +279,7 @@ class Engine:
                 features = torch.cat([*state.prefill_features, features])
                 state.prefill_features = []
             state.proposer.observe_features(features, state.tokens)
+        logprobs = verdict.logprobs
         logprobs = logprobs[: len(new_ids)] if logprobs is not None else None  # cut by EOS / limit
         return StepResult(new_ids, self._stream_text(state, new_ids), logprobs)
 

@@ -73,13 +73,12 @@ def token_logprobs(
 
 
 def step_logprobs(
-    row_logits: torch.Tensor, accepted: list[int], tokens: list[int], params: SamplingParams
+    log_rows: torch.Tensor, accepted: list[int], tokens: list[int], k: int
 ) -> list[TokenLogprob]:
-    """The logprobs of one verify step's committed `tokens` (the accepted path + bonus) from the
-    verifier's `row_logits` [n + 1, vocab]; `params.logprobs` top candidates each."""
-    row_of = committed_rows(accepted)
-    rows = logprob_rows(row_logits[row_of], params)  # only the rows a token is drawn from
-    return token_logprobs(rows, list(range(len(row_of))), tokens, params.logprobs or 0)
+    """The logprobs of one verify step's committed `tokens` (the accepted path + bonus), read
+    from the verifier's log-probs of every row (`log_rows` [n + 1, vocab], as `logprob_rows`
+    defines them), with `k` top candidates each."""
+    return token_logprobs(log_rows, committed_rows(accepted), tokens, k)
 
 
 def _tops(rows: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:

@@ -311,10 +311,10 @@ class Scheduler(EngineLoop):
         for b, (ticket, row, out) in enumerate(zip(self.slots, rows, outs, strict=True)):
             if ticket is None:
                 continue
-            accepted, bonus = self.engine.accept(ticket.state, row.draft, out)
+            verdict = self.engine.accept(ticket.state, row.draft, out)
             p = len(row.pending)
-            self.kv.keep(b, list(range(p)) + [p + i for i in accepted])
-            step = self.engine.commit(ticket.state, row.draft, out, accepted, bonus)
+            self.kv.keep(b, list(range(p)) + [p + i for i in verdict.accepted])
+            step = self.engine.commit(ticket.state, row.draft, out, verdict)
             ticket.sink(step, False)
             if ticket.state.done:
                 finished.append(ticket)

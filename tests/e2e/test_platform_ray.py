@@ -8,13 +8,12 @@ import os
 import shutil
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 import transformers
 import yaml
+from e2e.upstack import call
 
 from specserve.engine.decode import Engine
 from specserve.engine.prompts import encode_messages
@@ -81,20 +80,6 @@ def stack(tmp_path_factory, save_tiny_model_dir):
             os.environ.pop(key, None)
 
 
-def _call(url, method="GET", body=None, token=None, timeout=60):
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode() if body is not None else None, method=method
-    )
-    req.add_header("Content-Type", "application/json")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-
-
 def _chat(base, model, stream=False):
     body = {
         "model": model,
@@ -103,7 +88,7 @@ def _chat(base, model, stream=False):
         "temperature": 0,
         "stream": stream,
     }
-    status, text = _call(f"{base}/v1/chat/completions", "POST", body)
+    status, text = call(f"{base}/v1/chat/completions", "POST", body)
     assert status == 200, text
     if not stream:
         return json.loads(text)
@@ -143,24 +128,24 @@ def _adapter(stack, make_adapter, tiny_base, name, seed) -> Path:
 
 def test_register_chat_stream_and_new_version_without_restart(stack, make_adapter, tiny_base):
     base, _, _, model_dir = stack
-    assert json.loads(_call(f"{base}/healthz")[1])["status"] == "ok"
+    assert json.loads(call(f"{base}/healthz")[1])["status"] == "ok"
     assert _chat(base, "tiny")["choices"][0]["message"]["content"] == _expected(model_dir)
 
     v1 = _adapter(stack, make_adapter, tiny_base, "bot-v1", seed=1)
-    status, text = _call(
+    status, text = call(
         f"{base}/admin/variants",
         "POST",
         {"name": "bot", "base_model": "tiny", "adapter_path": str(v1)},
     )
     assert status == 401
-    status, text = _call(
+    status, text = call(
         f"{base}/admin/variants",
         "POST",
         {"name": "bot", "base_model": "tiny", "adapter_path": str(v1)},
         token=TOKEN,
     )
     assert status == 201, text
-    models = [m["id"] for m in json.loads(_call(f"{base}/v1/models")[1])["data"]]
+    models = [m["id"] for m in json.loads(call(f"{base}/v1/models")[1])["data"]]
     assert models == ["tiny", "bot"]
 
     want = _expected(model_dir, v1)
@@ -171,7 +156,7 @@ def test_register_chat_stream_and_new_version_without_restart(stack, make_adapte
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == want
 
     v2 = _adapter(stack, make_adapter, tiny_base, "bot-v2", seed=2)
-    status, text = _call(
+    status, text = call(
         f"{base}/admin/variants",
         "POST",
         {"name": "bot", "base_model": "tiny", "adapter_path": str(v2)},
@@ -191,7 +176,7 @@ def test_redis_outage_during_traffic(stack, make_adapter, tiny_base):
     def traffic(n):
         for _ in range(n):
             results.append(
-                _call(
+                call(
                     f"{base}/v1/completions",
                     "POST",
                     {"model": "tiny", "prompt": PROMPT, "max_tokens": 8, "temperature": 0},
@@ -202,32 +187,32 @@ def test_redis_outage_during_traffic(stack, make_adapter, tiny_base):
     thread.start()
     redis.stop()
     time.sleep(2.5)
-    health = json.loads(_call(f"{base}/healthz")[1])
+    health = json.loads(call(f"{base}/healthz")[1])
     assert health["status"] == "degraded"
     thread.join(timeout=120)
     traffic(2)
     redis.start()
     deadline = time.time() + 20
-    while json.loads(_call(f"{base}/healthz")[1])["status"] != "ok" and time.time() < deadline:
+    while json.loads(call(f"{base}/healthz")[1])["status"] != "ok" and time.time() < deadline:
         time.sleep(0.5)
-    assert json.loads(_call(f"{base}/healthz")[1])["status"] == "ok"
+    assert json.loads(call(f"{base}/healthz")[1])["status"] == "ok"
     assert results == [200] * 8
     assert _chat(base, "tiny")["choices"][0]["message"]["content"] == want
 
 
 def test_errors_and_metrics(stack):
     base = stack[0]
-    status, text = _call(
+    status, text = call(
         f"{base}/v1/chat/completions",
         "POST",
         {"model": "nope", "messages": [{"role": "user", "content": "w1"}]},
     )
     assert status == 404 and json.loads(text)["error"]["param"] == "model"
-    status, _ = _call(
+    status, _ = call(
         f"{base}/v1/completions", "POST", {"model": "tiny", "prompt": "w1", "max_tokens": 241}
     )
     assert status == 400
-    status, text = _call(f"{base}/metrics")
+    status, text = call(f"{base}/metrics")
     assert (
         status == 200 and "specserve_requests_total" in text and "specserve_adapter_loads" in text
     )
@@ -290,7 +275,7 @@ def test_loadtest_over_variants_reports_every_mode_and_level(
     engine = report["engine"]["ar"]["4"]  # the replica's loop figures around the level
     assert engine["decode_steps"] > 0 and engine["rows_per_step"] >= 1
     assert 0 < engine["busy_fraction"] <= 1.05 and engine["prefill_ms_per_token"] > 0
-    shown = json.loads(_call(f"{base}/admin/variants/load-0", token=TOKEN)[1])
+    shown = json.loads(call(f"{base}/admin/variants/load-0", token=TOKEN)[1])
     assert shown["override"] is None  # overrides are reset after the run
 
 
@@ -312,7 +297,7 @@ def test_client_disconnect_stops_the_generation(stack):
     finished = re.compile(r'specserve_requests_total\{[^}]*endpoint="completions"[^}]*\} (\S+)')
 
     def completed() -> float:
-        return sum(float(v) for v in finished.findall(_call(f"{base}/metrics")[1]))
+        return sum(float(v) for v in finished.findall(call(f"{base}/metrics")[1]))
 
     before = completed()
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -320,17 +305,17 @@ def test_client_disconnect_stops_the_generation(stack):
     assert resp.status == 200
     resp.fp.readline()  # the first chunk is on its way: the request is decoding
     ongoing = re.compile(r"specserve_replica_ongoing\{[^}]*\} (\S+)")
-    assert float(ongoing.search(_call(f"{base}/metrics")[1]).group(1)) == 1.0
+    assert float(ongoing.search(call(f"{base}/metrics")[1]).group(1)) == 1.0
     conn.close()  # the client goes away mid-stream
     deadline = time.time() + 20
     while time.time() < deadline:
-        if float(ongoing.search(_call(f"{base}/metrics")[1]).group(1)) == 0.0:
+        if float(ongoing.search(call(f"{base}/metrics")[1]).group(1)) == 0.0:
             break
         time.sleep(0.2)
-    assert float(ongoing.search(_call(f"{base}/metrics")[1]).group(1)) == 0.0
+    assert float(ongoing.search(call(f"{base}/metrics")[1]).group(1)) == 0.0
     assert completed() == before  # it was stopped, not run to its 240 tokens
     cancelled = re.compile(r"specserve_replica_cancelled\{[^}]*\} (\S+)")
-    assert float(cancelled.search(_call(f"{base}/metrics")[1]).group(1)) == 1.0
+    assert float(cancelled.search(call(f"{base}/metrics")[1]).group(1)) == 1.0
 
 
 def test_seeded_choices_and_logprobs_cross_ray(stack):
@@ -345,7 +330,7 @@ def test_seeded_choices_and_logprobs_cross_ray(stack):
             "max_tokens": 12,
             "temperature": 0.9,
         } | kw
-        status, text = _call(f"{base}/v1/chat/completions", "POST", body)
+        status, text = call(f"{base}/v1/chat/completions", "POST", body)
         assert status == 200, text
         return json.loads(text)
 

@@ -73,8 +73,8 @@ def test_step_logprobs_read_the_committed_rows_only():
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(5, 30, generator=gen)
     params = SamplingParams(temperature=0.8, top_p=0.8, logprobs=3)
-    got = step_logprobs(logits, [1, 3], [11, 12, 13], params)
     full = torch.log(target_probs(logits, params))
+    got = step_logprobs(full, [1, 3], [11, 12, 13], 3)
     for lp, r in zip(got, [0, 2, 4], strict=True):
         assert lp.logprob == pytest.approx(full[r, lp.token_id].item(), abs=1e-6)
         assert [c.token_id for c in lp.top] == [t for t, _ in _slow_top(full[r].tolist(), 3)]

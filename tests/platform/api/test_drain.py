@@ -10,34 +10,18 @@ import threading
 import time
 
 import pytest
+from done_event import done_event
 from fastapi.testclient import TestClient
 
 from specserve.platform.api.drain import Drain, ShuttingDown
 from specserve.platform.api.gateway import Gateway, create_app
 from specserve.platform.api.metrics import Metrics
-from specserve.platform.events import Delta, Done, DoneInfo, Usage
+from specserve.platform.events import Delta
 from specserve.platform.settings import PlatformSettings
 from specserve.platform.state.memory_store import MemoryStore
 from specserve.platform.state.registry import Registry
 
 BASE = "tiny"
-
-
-def _done(tokens: int) -> Done:
-    info = DoneInfo(
-        variant=None,
-        version=None,
-        strategy="ar",
-        reason="test",
-        tau=1.0,
-        load_capped_steps=0,
-        forwards=tokens,
-        drafted_by_depth=[],
-        accepted_by_depth=[],
-        train_kind=None,
-    )
-    usage = Usage(prompt_tokens=1, completion_tokens=tokens, total_tokens=tokens + 1)
-    return Done(finish_reason="length", usage=usage, specserve=info)
 
 
 class PacedBackend:
@@ -52,7 +36,7 @@ class PacedBackend:
             for i in range(self.tokens):
                 yield Delta(text=f"t{i} ", token_ids=[i])
                 await asyncio.sleep(self.gap_s)
-            yield _done(self.tokens)
+            yield done_event(self.tokens)
         finally:
             self.closed += 1
 

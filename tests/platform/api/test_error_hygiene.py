@@ -10,6 +10,7 @@ import logging
 import re
 
 import pytest
+from done_event import done_event
 from fastapi.testclient import TestClient
 from ray.exceptions import RayTaskError
 
@@ -17,7 +18,7 @@ from specserve.adapters.errors import MissingAdapterFileError
 from specserve.platform.api.gateway import Gateway, create_app
 from specserve.platform.api.metrics import Metrics
 from specserve.platform.api.openai_api import field_param, short_message
-from specserve.platform.events import Delta, Done, DoneInfo, Usage
+from specserve.platform.events import Delta, Done
 from specserve.platform.service import Overloaded
 from specserve.platform.settings import PlatformSettings
 from specserve.platform.state.memory_store import MemoryStore
@@ -53,20 +54,7 @@ def ray_wrapped(cause: Exception) -> Exception:
 
 
 def _done() -> Done:
-    info = DoneInfo(
-        variant=None,
-        version=None,
-        strategy="ar",
-        reason="test",
-        tau=1.0,
-        load_capped_steps=0,
-        forwards=1,
-        drafted_by_depth=[],
-        accepted_by_depth=[],
-        train_kind=None,
-    )
-    usage = Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2)
-    return Done(finish_reason="stop", usage=usage, specserve=info)
+    return done_event(1, "stop")
 
 
 class FakeBackend:

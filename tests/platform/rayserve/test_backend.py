@@ -6,30 +6,16 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from done_event import done_event
 from ray.exceptions import ActorDiedError
 
 from specserve.engine.sampling import SamplingParams
-from specserve.platform.events import Delta, Done, DoneInfo, Usage
+from specserve.platform.events import Delta
 from specserve.platform.rayserve.backend import ServeBackend
 from specserve.platform.service import GenerateRequest, ReplicaLost, Target
 
 DELTA = Delta(text="hi", token_ids=[1])
-DONE = Done(
-    finish_reason="length",
-    usage=Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2),
-    specserve=DoneInfo(
-        variant=None,
-        version=None,
-        strategy="ar",
-        reason="test",
-        tau=1.0,
-        load_capped_steps=0,
-        forwards=1,
-        drafted_by_depth=[],
-        accepted_by_depth=[],
-        train_kind=None,
-    ),
-)
+DONE = done_event()
 LOST = "lost"  # a script entry: the replica dies here
 NEVER = "never"  # a script entry: no replica takes the call (the replacement is not up)
 
