@@ -94,7 +94,8 @@ def test_sigterm_lets_in_flight_streams_finish_and_refuses_new_requests(
     assert refused.headers["retry-after"] == "2"
     assert refused.json()["error"]["code"] == "shutting_down"
     for stream in streams:
-        assert stream.error is None, stream.error
+        drain_lines = [line for line in log.splitlines() if "drain" in line or "stopp" in line]
+        assert stream.error is None, (stream.error, len(stream.payloads), drain_lines)
         assert stream.payloads[-1] == "[DONE]"
         usage = json.loads(stream.payloads[-2])["usage"]
         finish = [json.loads(p)["choices"][0]["finish_reason"] for p in stream.payloads[1:-2]]

@@ -66,7 +66,7 @@ def _listeners(pid: int) -> list[Listener]:
     found = []
     for proc in [root, *root.children(recursive=True)]:
         try:
-            name = " ".join(proc.cmdline())[:80] or proc.name()
+            name = " ".join(proc.cmdline()) or proc.name()  # whole: paths differ in length
             conns = proc.net_connections(kind="inet")
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue  # an idle worker that just exited

@@ -65,6 +65,7 @@ class Gateway:
         self.backend = backend
         self.metrics = metrics
         self.inflight: dict[str, int] = {m: 0 for m in settings.models}
+        self.admitting = 0  # past the drain's admission, not yet in `inflight` (resolving)
         self.access = Access(settings.tenant_keys)
         self.breaker = StoreBreaker()  # shared: a store failure seen once backs both off
         reads = RegistryReads(settings, registry, self.access, self.breaker)
@@ -107,33 +108,27 @@ class Gateway:
         )
 
     def inflight_total(self) -> int:
-        return sum(self.inflight.values())
+        """Requests admitted and not yet answered, from any thread. `admitting` is read first:
+        a request moving from it to `inflight` meanwhile is counted twice, never missed."""
+        admitting = self.admitting
+        return admitting + sum(self.inflight.values())
 
     async def run(self, endpoint: str, req, http: Request) -> Response:
         self.drain.admit()  # draining: 503 shutting_down before anything else
-        if self.settings.models and all(
-            self.inflight[m] >= self.settings.max_inflight_per_model for m in self.settings.models
-        ):  # refuse before any registry lookup: an overloaded server must answer 503 fast
-            raise _at_capacity("every model")
-        base_model, target = await asyncio.to_thread(self.resolve, req.model, bearer(http))
-        if target.broken:
-            raise _broken(target)
-        params = self.sampling(req)
-        if isinstance(req, ChatCompletionRequest):
-            gen = GenerateRequest(target=target, messages=req.chat(), params=params, n=req.n)
-        else:
-            gen = GenerateRequest(target=target, prompt=req.prompt, params=params, n=req.n)
-        if self.inflight[base_model] >= self.settings.max_inflight_per_model:
-            raise _at_capacity(base_model)
-        self.inflight[base_model] += 1
+        self.admitting += 1  # the drain waits for it from here, not only once it is resolved
+        try:
+            base_model, gen = await self._admit(req, http)
+            self.inflight[base_model] += 1  # before `admitting` falls: never out of both
+        finally:
+            self.admitting -= 1
         rid = request_id(http)
         try:
             events = self.drain.bounded(self.backend.stream(base_model, gen))
             first = await _first(events, _Refusal(base_model, _prompt_field(req), rid))
         except BaseException as err:
             self.inflight[base_model] -= 1
-            if getattr(err, "code", None) == DIGEST_MISMATCH and target.key is not None:
-                await asyncio.to_thread(self._mark_broken, target)
+            if getattr(err, "code", None) == DIGEST_MISMATCH and gen.target.key is not None:
+                await asyncio.to_thread(self._mark_broken, gen.target)
             raise
         reply = Reply(endpoint, base_model, req.model, time.perf_counter(), rid, req.n)
         if req.stream:
@@ -151,6 +146,24 @@ class Gateway:
             return await collect(reply, first, events, http, self._observe)
         finally:
             self.inflight[base_model] -= 1
+
+    async def _admit(self, req, http: Request) -> tuple[str, GenerateRequest]:
+        """(base model, engine request) of an admitted request, or the 4xx/503 refusing it."""
+        if self.settings.models and all(
+            self.inflight[m] >= self.settings.max_inflight_per_model for m in self.settings.models
+        ):  # refuse before any registry lookup: an overloaded server must answer 503 fast
+            raise _at_capacity("every model")
+        base_model, target = await asyncio.to_thread(self.resolve, req.model, bearer(http))
+        if target.broken:
+            raise _broken(target)
+        params = self.sampling(req)
+        if isinstance(req, ChatCompletionRequest):
+            gen = GenerateRequest(target=target, messages=req.chat(), params=params, n=req.n)
+        else:
+            gen = GenerateRequest(target=target, prompt=req.prompt, params=params, n=req.n)
+        if self.inflight[base_model] >= self.settings.max_inflight_per_model:
+            raise _at_capacity(base_model)
+        return base_model, gen
 
     def _mark_broken(self, target: Target) -> None:
         """A replica refused the adapter's bytes: every gateway refuses the version from now on

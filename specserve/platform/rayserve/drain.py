@@ -16,8 +16,11 @@ from pydantic import BaseModel, ConfigDict
 log = logging.getLogger(__name__)
 SIGNAL_NAME, SIGNAL_NAMESPACE = "specserve-drain", "specserve"
 POLL_S = 0.25  # how soon a gateway sees a drain begin
-REPORT_FRESH_S = 3.0  # a gateway that has not reported for this long is gone (not waited for)
+# A gateway silent this long is gone (not waited for). Far above POLL_S: on a loaded machine a
+# live gateway's report can lag seconds, and a drain that forgot it would cut its streams.
+REPORT_GONE_S = 15.0
 CUT_GRACE_S = 2.0  # after the deadline: time for the cut streams' error events to go out
+PROXY_FLUSH_S = 0.5  # once the gateways are empty: Serve's proxy writes their last bytes out
 
 
 class DrainState(BaseModel):
@@ -31,11 +34,25 @@ class DrainState(BaseModel):
 
 class DrainStatus(DrainState):
     """What the stopping side reads: requests the live gateways hold, and how many of them
-    reported since the drain began (0: none has seen it yet)."""
+    reported while already draining (admitting nothing, so their count can only fall)."""
 
     inflight: int = 0
     gateways: int = 0
-    reported_since_begin: int = 0
+    draining_gateways: int = 0
+
+
+class GatewayReport(BaseModel):
+    """One gateway's poll. `seq` rises with each poll (a late, stale one is ignored); `draining`:
+    `inflight` was counted after the gateway stopped admitting, so 0 then means done for good,
+    however long the report took to arrive."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gateway: str
+    node: str
+    inflight: int
+    seq: int
+    draining: bool
 
 
 class DrainOutcome(BaseModel):
@@ -58,7 +75,7 @@ class DrainSignal:
 
     def __init__(self) -> None:
         self.drains: dict[str, tuple[float, float]] = {}  # scope -> (began, deadline)
-        self.reports: dict[str, tuple[float, str, int]] = {}
+        self.reports: dict[str, tuple[float, GatewayReport]] = {}  # gateway -> (received, report)
 
     def begin(self, timeout_s: float, scope: str = EVERY_NODE) -> DrainState:
         now = time.time()
@@ -66,24 +83,29 @@ class DrainSignal:
         self.drains[scope] = (began, min(deadline, now + timeout_s))
         return self._state(scope, now)
 
-    def poll(self, gateway: str, node: str, inflight: int) -> DrainState:
+    def poll(self, report: GatewayReport) -> DrainState:
         now = time.time()
-        self.reports[gateway] = (now, node, inflight)
-        return self._state(node, now)
+        last = self.reports.get(report.gateway)
+        if last is None or report.seq > last[1].seq:
+            self.reports[report.gateway] = (now, report)
+        return self._state(report.node, now)
+
+    def leave(self, gateway: str) -> None:
+        """A gateway that stops (Serve replaced or stopped it) is no longer waited for."""
+        self.reports.pop(gateway, None)
 
     def status(self, scope: str = EVERY_NODE) -> DrainStatus:
         now = time.time()
-        began = self.drains.get(scope, (None, None))[0]
         live = [
-            (at, n)
-            for at, node, n in self.reports.values()
-            if now - at < REPORT_FRESH_S and scope in (EVERY_NODE, node)
+            report
+            for at, report in self.reports.values()
+            if now - at < REPORT_GONE_S and scope in (EVERY_NODE, report.node)
         ]
         return DrainStatus(
             **self._state(scope, now).model_dump(),
-            inflight=sum(n for _, n in live),
+            inflight=sum(r.inflight for r in live),
             gateways=len(live),
-            reported_since_begin=sum(1 for at, _ in live if began is not None and at > began),
+            draining_gateways=sum(1 for r in live if r.draining),
         )
 
     def _state(self, node: str, now: float) -> DrainState:
@@ -112,6 +134,7 @@ class GatewayDrainWatch:
         begin: Callable[[float], None],
     ) -> None:
         self.gateway, self.node, self.inflight, self.begin = gateway, node, inflight, begin
+        self.draining = False  # set once `begin` was called: counts from then on can only fall
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="drain-watch", daemon=True)
 
@@ -120,22 +143,38 @@ class GatewayDrainWatch:
         return self
 
     def stop(self) -> None:
+        """Stop polling and leave the signal's reports (best effort: Ray may be going down)."""
         self._stop.set()
+        try:
+            drain_signal().leave.remote(self.gateway)
+        except Exception as err:  # noqa: BLE001 - a stale report ages out after REPORT_GONE_S
+            log.debug("could not leave the drain signal: %s", err)
+
+    def report(self, seq: int) -> GatewayReport:
+        """What this gateway holds now; `draining` is read first, so it never overstates."""
+        draining = self.draining
+        return GatewayReport(
+            gateway=self.gateway,
+            node=self.node,
+            inflight=self.inflight(),
+            seq=seq,
+            draining=draining,
+        )
 
     def _run(self) -> None:
-        signal = None
+        signal, seq = None, 0
         while not self._stop.wait(POLL_S):
+            seq += 1
             try:
                 signal = signal or drain_signal()
-                state = ray.get(
-                    signal.poll.remote(self.gateway, self.node, self.inflight()), timeout=5
-                )
+                state = ray.get(signal.poll.remote(self.report(seq)), timeout=5)
             except Exception as err:  # noqa: BLE001 - the signal restarts with Ray; try again
                 log.warning("drain signal unreachable: %s", err)
                 signal = None
                 continue
             if state.draining:
                 self.begin(state.remaining_s)
+                self.draining = True
 
 
 def drain_platform(
@@ -145,18 +184,24 @@ def drain_platform(
     clock=time.monotonic,
     give_up: threading.Event | None = None,
 ) -> DrainOutcome:
-    """Begin the drain and wait until the gateways hold no request (each having reported since
-    it began) in `scope` (a node id: that node's gateways), or `timeout_s` plus a grace for the cut streams' error events has passed, or
-    `give_up` is set (a second Ctrl-C)."""
+    """Begin the drain and wait until every gateway in `scope` (a node id: that node's gateways)
+    has reported, while draining, that it holds no request (then PROXY_FLUSH_S more for the
+    proxy's last bytes), or `timeout_s` plus a grace for the cut streams' error events has
+    passed, or `give_up` is set (a second Ctrl-C)."""
     signal = drain_signal()
     began = clock()
     ray.get(signal.begin.remote(timeout_s, scope), timeout=10)
-    at_begin = ray.get(signal.status.remote(scope), timeout=10).inflight
-    log_line(f"draining: {at_begin} request(s) in flight, up to {timeout_s:g} s to finish")
+    first = ray.get(signal.status.remote(scope), timeout=10)
+    at_begin = first.inflight
+    log_line(
+        f"draining: {at_begin} request(s) in flight on {first.gateways} gateway(s),"
+        f" up to {timeout_s:g} s to finish"
+    )
     status = None
     while clock() - began < timeout_s + CUT_GRACE_S and not (give_up and give_up.is_set()):
         status = ray.get(signal.status.remote(scope), timeout=10)
-        if status.inflight == 0 and status.reported_since_begin == status.gateways:
+        if status.inflight == 0 and status.draining_gateways == status.gateways:
+            time.sleep(PROXY_FLUSH_S)
             break
         time.sleep(POLL_S)
     at_end = status.inflight if status is not None else at_begin

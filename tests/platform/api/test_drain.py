@@ -98,6 +98,33 @@ def test_in_flight_streams_finish_and_new_requests_get_503():
     assert gateway.inflight_total() == 0
 
 
+def test_a_request_still_resolving_counts_as_in_flight_for_the_drain():
+    """Admitted before the drain, but its registry lookup is slow: the drain must wait for it
+    (a count that began only once it was resolved let the platform stop under it)."""
+    gateway, client = _gateway(PacedBackend(tokens=3, gap_s=0.01))
+    resolving, release = threading.Event(), threading.Event()
+    resolve = gateway.resolve
+
+    def slow_resolve(model, token):
+        resolving.set()
+        assert release.wait(10)
+        return resolve(model, token)
+
+    gateway.resolve = slow_resolve
+    out = []
+    thread = threading.Thread(
+        target=lambda: out.append(client.post("/v1/chat/completions", json=_body(False)))
+    )
+    thread.start()
+    assert resolving.wait(10)
+    assert gateway.inflight_total() == 1
+    gateway.drain.begin(30.0)
+    release.set()
+    thread.join(20)
+    assert out[0].status_code == 200, out[0].text  # admitted before the drain: answered whole
+    assert gateway.inflight_total() == 0
+
+
 def test_a_stream_still_running_at_the_deadline_ends_with_an_error_event():
     backend = PacedBackend(tokens=1000, gap_s=0.05)
     gateway, client = _gateway(backend)

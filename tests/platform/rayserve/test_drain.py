@@ -14,6 +14,7 @@ from specserve.platform.rayserve import drain as drain_mod
 from specserve.platform.rayserve.drain import (
     EVERY_NODE,
     GatewayDrainWatch,
+    GatewayReport,
     drain_platform,
     drain_signal,
 )
@@ -54,11 +55,11 @@ def test_a_node_drain_reaches_that_nodes_gateways_and_waits_for_them(local_ray):
         lines = []
         began = time.monotonic()
         outcome = drain_platform(20.0, lines.append, scope="node-a")
-        assert 1.2 < time.monotonic() - began < 5.0
+        assert 1.2 < time.monotonic() - began < 8.0  # not the 20 s timeout
         assert outcome.inflight_at_begin == 2 and outcome.inflight_at_end == 0
         assert on_node.begun and 0 < on_node.begun[0] <= 20.0
         assert elsewhere.begun == []  # another node's gateway keeps admitting
-        assert lines[0].startswith("draining: 2 request(s) in flight")
+        assert lines[0].startswith("draining: 2 request(s) in flight on 1 gateway(s)")
     finally:
         for watch in watches:
             watch.stop()
@@ -81,6 +82,38 @@ def test_a_drain_that_cannot_finish_gives_up_after_timeout_and_grace(local_ray, 
         assert time.monotonic() - began < 3.0
     finally:
         watch.stop()
+
+
+def _report(gateway: str, node: str, inflight: int, seq: int, draining: bool):
+    return GatewayReport(gateway=gateway, node=node, inflight=inflight, seq=seq, draining=draining)
+
+
+def test_only_a_count_taken_while_draining_ends_the_drain(local_ray, monkeypatch):
+    """On a loaded machine a gateway's poll can reach the signal seconds after it was counted:
+    a 0 counted before the gateway stopped admitting, delivered after the drain began, once
+    ended the drain under three running streams. Silence is not an end either, until the
+    gateway leaves; a late report older than one already held is ignored."""
+    import ray
+
+    monkeypatch.setattr(drain_mod, "CUT_GRACE_S", 0.2)
+    signal = drain_signal()
+    ray.get(signal.poll.remote(_report("g5", "node-e", 2, seq=1, draining=False)))
+    late = _report("g5", "node-e", 0, seq=2, draining=False)  # counted before the drain
+    threading.Timer(0.5, lambda: ray.get(signal.poll.remote(late))).start()
+    began = time.monotonic()
+    outcome = drain_platform(3.0, lambda line: None, scope="node-e")
+    assert time.monotonic() - began >= 3.0  # waited to the timeout: nothing said "done"
+    assert outcome.inflight_at_begin == 2
+    ray.get(signal.poll.remote(_report("g5", "node-e", 0, seq=4, draining=True)))
+    ray.get(signal.poll.remote(_report("g5", "node-e", 5, seq=3, draining=False)))  # stale
+    began = time.monotonic()
+    assert drain_platform(30.0, lambda line: None, scope="node-e").inflight_at_end == 0
+    assert time.monotonic() - began < 3.0
+    ray.get(signal.poll.remote(_report("g6", "node-f", 1, seq=1, draining=True)))
+    ray.get(signal.leave.remote("g6"))  # Serve stopped it: nothing left to wait for
+    began = time.monotonic()
+    assert drain_platform(30.0, lambda line: None, scope="node-f").inflight_at_end == 0
+    assert time.monotonic() - began < 3.0
 
 
 def test_every_node_drain_reaches_every_gateway_and_keeps_the_earliest_deadline(local_ray):
