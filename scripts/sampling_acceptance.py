@@ -65,9 +65,8 @@ def main() -> None:
 
     loaded = load_model(args.model, dtype="float32")
     names = [s for s in args.strategies.split(",") if s]
-    drafters = {}
+    drafters, weights = {}, base_weights_sha256(loaded.model)
     for kind in [n for n in names if n in ("medusa", "eagle")]:
-        weights = base_weights_sha256(loaded.model)
         drafters[kind] = load_drafter(
             args.drafter_dir / kind, loaded.model, loaded.model_id, None, weights
         )

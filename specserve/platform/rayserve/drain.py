@@ -74,13 +74,12 @@ class DrainSignal:
     gateways on that node (or every gateway, for EVERY_NODE) see it."""
 
     def __init__(self) -> None:
-        self.drains: dict[str, tuple[float, float]] = {}  # scope -> (began, deadline)
+        self.deadlines: dict[str, float] = {}  # scope -> when its admitted requests are cut
         self.reports: dict[str, tuple[float, GatewayReport]] = {}  # gateway -> (received, report)
 
     def begin(self, timeout_s: float, scope: str = EVERY_NODE) -> DrainState:
         now = time.time()
-        began, deadline = self.drains.get(scope, (now, now + timeout_s))
-        self.drains[scope] = (began, min(deadline, now + timeout_s))
+        self.deadlines[scope] = min(self.deadlines.get(scope, now + timeout_s), now + timeout_s)
         return self._state(scope, now)
 
     def poll(self, report: GatewayReport) -> DrainState:
@@ -109,7 +108,7 @@ class DrainSignal:
         )
 
     def _state(self, node: str, now: float) -> DrainState:
-        deadlines = [self.drains[s][1] for s in (node, EVERY_NODE) if s in self.drains]
+        deadlines = [self.deadlines[s] for s in (node, EVERY_NODE) if s in self.deadlines]
         if not deadlines:
             return DrainState(draining=False)
         return DrainState(draining=True, remaining_s=max(0.0, min(deadlines) - now))
