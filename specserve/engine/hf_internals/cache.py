@@ -164,11 +164,13 @@ class GrowingLayer(DynamicLayer):
             self._k[:, :, starts[0] : end] = key_states
             self._v[:, :, starts[0] : end] = value_states
         else:
-            columns = torch.tensor(starts, device=key_states.device)[:, None] + torch.arange(
-                q, device=key_states.device
-            )  # [b, q]
-            self._k.scatter_(2, _per_entry(columns, key_states), key_states)
-            self._v.scatter_(2, _per_entry(columns, value_states), value_states)
+            device = key_states.device
+            columns = torch.tensor(starts, device=device)[:, None] + torch.arange(q, device=device)
+            rows = torch.arange(key_states.shape[0], device=device)[:, None]  # [b, 1]
+            # an index_put_ writes just the b * q entries in place (a scatter_ into a bf16 buffer
+            # copies all of it: 869 us vs 29 us at [16, 3, 1200, 64], 56 % of a 16-row step)
+            self._k[rows, :, columns] = key_states.transpose(1, 2)  # [b, q, h, d]
+            self._v[rows, :, columns] = value_states.transpose(1, 2)
         self._used = end
         return self.keys, self.values
 
@@ -197,12 +199,6 @@ class GrowingLayer(DynamicLayer):
             k[:, :, : self._used] = self._k[:, :, : self._used]
             v[:, :, : self._used] = self._v[:, :, : self._used]
         self._k, self._v = k, v
-
-
-def _per_entry(columns: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-    """[b, q] columns -> the scatter index for states [b, h, q, d]."""
-    b, h, q, d = states.shape
-    return columns[:, None, :, None].expand(b, h, q, d)
 
 
 def set_write_columns(
