@@ -1,7 +1,8 @@
 """One base model's serving core, independent of Ray: variants, policy, engine, streamed events.
 
-`ModelService.generate(request)` picks the strategy (policy), makes the variant's adapter resident,
-decodes with its n-gram pool, and yields `Delta` events then one `Done` (platform/events.py).
+`ModelService.generate(request)` picks the strategy (the request's own `speculation`, else the
+policy), makes the variant's adapter resident, decodes with its n-gram pool, and yields `Delta`
+events then one `Done` (platform/events.py).
 All requests of a replica decode together in one engine loop (`engine.scheduler`, on its own
 thread): each step is one forward over every admitted request, whatever its variant or strategy.
 """
@@ -16,7 +17,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from specserve.adapters.resident import PreparedAdapter, ResidentAdapters
 from specserve.adapters.variants import PoolBook, VariantKey
@@ -27,7 +29,7 @@ from specserve.engine.proposers import DRAFTER_KINDS, REGISTRY
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.scheduler import BatchSettings, EngineDead, QueueFull, Scheduler
 from specserve.platform.events import Delta, Done, DoneInfo, Usage, decoded_logprobs
-from specserve.policies.router import Decision, VariantView, decide
+from specserve.policies.router import Decision, VariantView, decide, requestable
 from specserve.policies.settings import PolicySettings
 
 
@@ -41,6 +43,13 @@ class ReplicaLost(Exception):
 
 
 MAX_CHOICES = 16  # n per request (each choice is a batch row)
+SPECULATION_ALIASES = {"off": "ar"}  # a request's `speculation` value -> the strategy it names
+
+
+def speculation_values(view: VariantView) -> list[str]:
+    """What a request's `speculation` may say on this variant now: the aliases ("off"), then
+    each strategy it may use (a trained drafter's only once the variant has a usable one)."""
+    return [*SPECULATION_ALIASES, *requestable(view, REGISTRY.names())]
 
 
 class ServiceHealth(BaseModel):
@@ -77,7 +86,42 @@ class GenerateRequest(BaseModel):
     messages: list[dict[str, str]] | None = None  # a chat: through the chat template
     params: SamplingParams
     strategy: str | None = Field(None, description="bypass the policy (tests, benchmarks)")
+    speculation: str | None = Field(
+        None,
+        description="the strategy the client asked for, one of `speculation_values(target)` "
+        "(`off`: plain ar); None: the policy decides",
+    )
     n: int = Field(1, ge=1, le=MAX_CHOICES, description="choices, sharing one prefill")
+
+    @field_validator("speculation")
+    @classmethod
+    def _allowed(cls, value: str | None, info: ValidationInfo) -> str | None:
+        target = info.data.get("target")
+        if value is None or target is None:  # no target: its own error is reported
+            return value
+        valid = speculation_values(target)
+        if value in valid:
+            return value
+        if value in REGISTRY.names():  # only a drafter's strategy waits for its drafter
+            why = f"needs a trained {value} drafter, and this model has no usable one now"
+        else:
+            why = "is unknown"
+        message = f"{value[:40]!r} {why}; valid values: {', '.join(valid)}"
+        raise PydanticCustomError("invalid_speculation", "{message}", {"message": message})
+
+    @property
+    def requested_strategy(self) -> str | None:
+        """The strategy `speculation` names (None: not asked)."""
+        return SPECULATION_ALIASES.get(self.speculation, self.speculation)
+
+    @property
+    def load_aware(self) -> bool:
+        """Whether the replica may cut this request's drafts under load: not when the caller set
+        `strategy` or an admin forced one the request did not override (a request's own
+        `speculation` is cut like the policy's choice)."""
+        if self.strategy:
+            return False
+        return self.speculation is not None or not self.target.forced_strategy
 
     def choice_params(self, index: int, base_seed: int) -> SamplingParams:
         """Choice `index`'s sampling: seed `base_seed + index`, so choice i answers what a single
@@ -163,10 +207,14 @@ class ModelService:
         return encode_prompt(tok, request.prompt or "", chat=False)
 
     def choose(self, request: GenerateRequest) -> tuple[Decision, BaseModel, object]:
-        """The policy's decision for this request, the strategy config it implies and the
-        variant's drafter (None unless the strategy needs one)."""
+        """The decision for this request (the caller's `strategy`, else the request's own
+        `speculation`, else the policy's), the strategy config it implies and the variant's
+        drafter (None unless the strategy needs one)."""
         if request.strategy:
             decision = Decision(request.strategy, "strategy set by the caller")
+        elif request.requested_strategy is not None:
+            reason = f"requested by the request: speculation={request.speculation}"
+            decision = Decision(request.requested_strategy, reason)
         else:
             policy = self.policy if request.target.policy is None else request.target.policy
             decision = decide(request.target, self.ongoing, policy, self.clock())
@@ -310,7 +358,7 @@ class ModelService:
 
     def _submit(self, request: GenerateRequest, states: list[RequestState], sinks: list):
         """Queue the request's choices (one prefill for all); Overloaded when the queue is full."""
-        load_aware = request.strategy is None and not request.target.forced_strategy
+        load_aware = request.load_aware
         tenant = str(request.target.key or "")
         try:
             if len(states) == 1:

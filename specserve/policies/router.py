@@ -3,14 +3,17 @@
 `decide(view, load, settings, now)` is pure: a forced strategy wins; saturation turns speculation
 off; a changing variant gets lookahead; a stable one gets its best drafter if that beats lookahead's
 acceptance, else lookahead (and asks for training); a busy replica shortens drafts.
+`requestable(view, strategies)`: which strategies a request may ask for itself on that variant.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
+from specserve.engine.drafters.specs import KIND_NAMES
 from specserve.policies.settings import PolicySettings
 
 
@@ -45,6 +48,13 @@ class Decision:
     reason: str
     max_draft_tokens: int | None = None  # None: the strategy's own (device-tuned) size
     train_kind: str | None = None  # drafter training the platform should queue, if any
+
+
+def requestable(view: VariantView, strategies: Iterable[str]) -> list[str]:
+    """The strategies among `strategies` a request may ask for on this variant now: each that
+    drafts without training, and each drafter kind whose drafter is usable (trained, stored)."""
+    usable = {d.kind for d in view.drafters if d.state == "succeeded" and d.artifact_dir}
+    return [s for s in strategies if s not in KIND_NAMES or s in usable]
 
 
 def decide(view: VariantView, ongoing: int, settings: PolicySettings, now: float) -> Decision:

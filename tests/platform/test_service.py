@@ -208,6 +208,55 @@ def test_drafter_of_another_version_is_refused_and_lookahead_serves(
     assert "refused" in decision.reason and "adapter differs" in decision.reason
 
 
+def test_requested_speculation_beats_the_policy_and_a_force_and_decodes_exactly(
+    service, tiny_llama, make_adapter, merge_adapter, random_drafter, tmp_path
+):
+    """A changing variant forced to prompt_lookup, with a usable eagle drafter: each value the
+    request may ask serves that strategy, says so and streams the merged model's tokens (greedy
+    and seeded); a drafter it lacks is refused listing what it may ask; it crosses the wire."""
+    from specserve.adapters.fingerprint import adapter_sha256
+    from specserve.engine.drafters.modules import EagleSpec
+
+    base = tiny_llama(1, init_range=0.1)
+    path = make_adapter("asked", base, seed=5)
+    sha = adapter_sha256(path)
+    service.ensure_variant(Target(name="asked", version=1, adapter_path=str(path)))
+    artifact = _save_drafter(
+        random_drafter, service.adapters.model, tmp_path / "eagle", sha, EagleSpec()
+    )
+    drafters = [DrafterView(kind="eagle", state="succeeded", tau=4.0, artifact_dir=str(artifact))]
+    target = Target(
+        name="asked",
+        version=1,
+        adapter_path=str(path),
+        adapter_sha256=sha,
+        version_times=[1e6 - 10],
+        drafters=drafters,
+        forced_strategy="prompt_lookup",
+    )
+    merged = Engine(merge_adapter(base, path), WordTokenizer(), frozenset())
+    for params in (
+        SamplingParams(max_new_tokens=20),
+        SamplingParams(max_new_tokens=20, temperature=0.8, seed=3),
+    ):
+        expected = merged.generate(_prompt_ids(), params).output_ids
+        for asked, strategy in [("off", "ar"), ("eagle", "eagle"), ("lookahead", "lookahead")]:
+            request = GenerateRequest(
+                target=target, prompt=PROMPT, params=params, speculation=asked
+            )
+            assert request.load_aware and request.requested_strategy == strategy
+            events = _run(service, request)
+            assert [t for e in events[:-1] for t in e.token_ids] == expected, (asked, params)
+            done = events[-1].specserve
+            assert done.strategy == strategy
+            assert done.reason.startswith(f"requested by the request: speculation={asked}")
+    request = GenerateRequest(target=target, prompt=PROMPT, params=params, speculation="eagle")
+    assert GenerateRequest.model_validate(request.model_dump()) == request  # as through Ray
+    assert not _request(target).load_aware  # the admin's force, unasked: never cut
+    with pytest.raises(ValueError, match="valid values: off, ar, eagle, lookahead, prompt_lookup"):
+        GenerateRequest(target=target, prompt=PROMPT, params=params, speculation="medusa")
+
+
 def _prompt_ids() -> list[int]:
     return [int(w[1:]) for w in PROMPT.split()]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specserve.policies.router import Decision, DrafterView, VariantView, decide
+from specserve.policies.router import Decision, DrafterView, VariantView, decide, requestable
 from specserve.policies.settings import PolicySettings
 
 NOW = 1_000_000.0
@@ -83,6 +83,21 @@ def test_stable_without_drafter_queues_training_unless_off():
 def test_failed_drafter_does_not_serve():
     d = decide(view(STABLE, [drafter("eagle", "failed", 5.0)]), 0, S, NOW)
     assert d.strategy == "lookahead"
+
+
+def test_a_request_may_ask_for_a_drafter_strategy_only_with_a_usable_drafter():
+    names = ["ar", "eagle", "lookahead", "medusa", "prompt_lookup"]
+    assert requestable(view(STABLE), names) == ["ar", "lookahead", "prompt_lookup"]
+    stored = DrafterView(kind="eagle", state="succeeded", artifact_dir="/d/eagle")
+    unstored = drafter("medusa", "succeeded", 3.0)  # no artifact: nothing to load
+    training = DrafterView(kind="medusa", state="running", artifact_dir="/d/medusa")
+    drafters = [stored, unstored, training]
+    assert requestable(view(STABLE, drafters), names) == [
+        "ar",
+        "eagle",
+        "lookahead",
+        "prompt_lookup",
+    ]
 
 
 def test_forced_strategy_wins_even_under_load():

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
+from pydantic import ValidationError
 
 from specserve.engine.sampling import SamplingParams
 from specserve.platform.api.acceptance import AcceptanceRecorder
@@ -27,6 +28,7 @@ from specserve.platform.api.openai_api import (
     CompletionRequest,
     short_message,
     underlying,
+    validation_error,
 )
 from specserve.platform.api.resolve import Access, RegistryReads, Resolver, StoreBreaker, bearer
 from specserve.platform.api.routes import (
@@ -157,10 +159,14 @@ class Gateway:
         if target.broken:
             raise _broken(target)
         params = self.sampling(req)
-        if isinstance(req, ChatCompletionRequest):
-            gen = GenerateRequest(target=target, messages=req.chat(), params=params, n=req.n)
-        else:
-            gen = GenerateRequest(target=target, prompt=req.prompt, params=params, n=req.n)
+        chat = isinstance(req, ChatCompletionRequest)
+        prompt = {"messages": req.chat()} if chat else {"prompt": req.prompt}
+        try:  # `speculation` is checked against the variant here, before any model server
+            gen = GenerateRequest(
+                target=target, params=params, n=req.n, speculation=req.speculation, **prompt
+            )
+        except ValidationError as err:
+            raise validation_error(err) from None
         if self.inflight[base_model] >= self.settings.max_inflight_per_model:
             raise _at_capacity(base_model)
         return base_model, gen

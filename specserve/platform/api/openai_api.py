@@ -132,7 +132,8 @@ class StreamOptions(BaseModel):
 
 
 class _Common(BaseModel):
-    """Sampling fields shared by both endpoints (OpenAI defaults; top_k and ignore_eos as in vLLM)."""
+    """Sampling fields shared by both endpoints (OpenAI defaults; top_k and ignore_eos as in
+    vLLM; `speculation` is specserve's own, checked against the variant by `GenerateRequest`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -151,6 +152,14 @@ class _Common(BaseModel):
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in -100..100
     ignore_eos: bool = False
+    speculation: str | None = Field(
+        None,
+        description="specserve's: `off` (plain `ar`, no draft) or a strategy name (`ar`, "
+        "`prompt_lookup`, `lookahead`; `medusa` / `eagle` where the variant has a trained "
+        "drafter); anything else is a 400 listing the valid values. Lossless: only speed "
+        "differs. Absent: the policy decides.",
+        examples=["off", "lookahead"],
+    )
 
     @field_validator("stop")
     @classmethod
