@@ -25,13 +25,15 @@ class Columns:
     sliding window, None for full attention). `visible` [rows, columns] marks what each row
     attends; row b's first column holds position `offsets[b]` (0 unless the window dropped some)."""
 
-    def __init__(self, layers: tuple[int, ...], window: int | None) -> None:
+    def __init__(self, layers: tuple[int, ...], window: int | None, pack: bool = False) -> None:
         self.layers = layers
         self.window = window
+        self.pack_kept = pack  # `keep` packs kept columns after the row's own (else marks them)
         with torch.inference_mode():  # every update happens in inference mode (see BatchKV)
             self.visible = torch.zeros(0, 0, dtype=torch.bool)  # [rows, columns]
         self.offsets: list[int] = []  # per row: positions it no longer holds
         self.starts: list[int] = []  # per row: where the last forward wrote its first column
+        self.moves: list[tuple[int, int, int]] = []  # (row, from, to) columns `pack` moves
 
     @property
     def rows(self) -> int:
@@ -59,6 +61,7 @@ class Columns:
 
     def write(self, cache, row: int, row_cache, length: int) -> None:
         """Put a request's positions in the free row `row` (it fits)."""
+        self.pack(cache)
         first = self.first(length)
         hf_internals.write_row(cache, row, row_cache, length, self.layers, first)
         self.visible[row] = False
@@ -67,6 +70,7 @@ class Columns:
 
     def append(self, cache, row_cache, length: int) -> None:
         """Put a request's positions in a new last row."""
+        self.pack(cache)
         first = self.first(length)
         hf_internals.append_row(cache, row_cache, length, self.layers, first)
         width = max(self.columns, length - first)
@@ -77,12 +81,14 @@ class Columns:
         self.offsets.append(first)
 
     def release(self, row: int) -> None:
+        self.moves = [m for m in self.moves if m[0] != row]
         self.visible[row] = False
         self.offsets[row] = 0
 
     def begin(self, cache, q: int, ragged: bool) -> None:
         """A forward of q query rows is about to run: choose each row's write column (and tell
         the cache); the new columns stay hidden until `keep` marks them."""
+        self.pack(cache)
         starts = self.ends() if ragged else [self.columns] * self.rows
         if ragged:
             hf_internals.set_write_columns(cache, starts, self.layers)
@@ -95,13 +101,28 @@ class Columns:
         self.starts = starts
 
     def keep(self, row: int, new_columns: list[int]) -> None:
+        """Hold the last forward's `new_columns` (0 = its first); packing, the i-th kept goes to
+        column start + i (`pack` moves the entries), so a row's positions stay at columns 0, 1,
+        ... in order (what the invariant attention reads); else they stay where they are."""
         start = self.starts[row]
-        for c in new_columns:
-            self.visible[row, start + c] = True
+        for i, c in enumerate(sorted(new_columns)):
+            at = i if self.pack_kept else c
+            self.visible[row, start + at] = True
+            if c != at:
+                self.moves.append((row, start + c, start + at))
+
+    def pack(self, cache) -> None:
+        """Carry out the moves `keep` recorded (one indexed copy per layer for every row)."""
+        if not self.moves:
+            return
+        rows, src, dst = (torch.tensor(m) for m in zip(*self.moves, strict=True))
+        hf_internals.move_columns(cache, rows, src, dst, self.layers)
+        self.moves = []
 
     def compact(self, cache, keep_rows: list[int]) -> None:
         """Keep only `keep_rows` (in this order), each row's visible columns packed to the left;
         a window group keeps only each row's last window - 1 of them."""
+        self.pack(cache)
         visible = self.visible[keep_rows]  # [rows', columns]
         held = [row.nonzero().flatten() for row in visible]
         offsets = [self.offsets[r] for r in keep_rows]
@@ -160,10 +181,13 @@ class BatchKV:
     """Rows are identified by their index (the same in every group); `visible` is the first
     group's (full attention where the model has any)."""
 
-    def __init__(self, config, ragged: bool = True) -> None:
+    def __init__(self, config, ragged: bool = True, pack: bool = False) -> None:
         """`ragged`: rows write at their own end where the cache allows it (the mask keeps any
-        attention exact; `hf_internals.enable_row_attention` makes it skip the rest)."""
+        attention exact; `hf_internals.enable_row_attention` makes it skip the rest). `pack`:
+        kept columns move right after each row's own, so column = position (the invariant
+        attention needs it)."""
         self.config = config
+        self.pack = pack
         self.cache = hf_internals.new_batch_cache(config)
         self.ragged = ragged and hf_internals.row_writes(self.cache)
         self.groups = self._groups()
@@ -173,9 +197,9 @@ class BatchKV:
         windows = hf_internals.layer_windows(self.config)
         full = tuple(i for i, w in enumerate(windows) if w is None)
         windowed = tuple(i for i, w in enumerate(windows) if w is not None)
-        groups = [Columns(full, None)] if full else []
+        groups = [Columns(full, None, self.pack)] if full else []
         if windowed:
-            groups.append(Columns(windowed, hf_internals.window(self.config)))
+            groups.append(Columns(windowed, hf_internals.window(self.config), self.pack))
         return groups
 
     @property

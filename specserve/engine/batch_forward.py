@@ -15,7 +15,13 @@ import torch
 
 from specserve.engine import compiled_batch, hf_internals
 from specserve.engine.batch_cache import BatchKV
-from specserve.engine.forward import ForwardOutput, additive_mask, build_inputs, window_allowed
+from specserve.engine.forward import (
+    ForwardOutput,
+    additive_mask,
+    build_inputs,
+    invariant_kwargs,
+    window_allowed,
+)
 from specserve.engine.lora_batch import lora_rows
 from specserve.engine.tree import Draft, draft_width
 
@@ -95,7 +101,9 @@ def verify_batch_forward(
         raise ValueError(f"{len(rows)} inputs for a batch cache of {kv.rows} rows")
     q = batch_width(rows, _padded_q(rows, pad_width))
     layers = tuple(sorted({layer for row in rows for layer in row.feature_layers}))
-    fast = compiled_batch.runner(model, kv, bool(layers)) if compiled else None
+    invariant_model = hf_internals.is_invariant(model)
+    use_compiled = compiled and not invariant_model
+    fast = compiled_batch.runner(model, kv, bool(layers)) if use_compiled else None
     starts = kv.begin(q)
     inputs = build_batch_inputs(rows, kv.visible, starts, q)
     device = model.device
@@ -118,6 +126,7 @@ def verify_batch_forward(
                 logits_to_keep=logits_to_keep,
                 **({"output_hidden_states": True} if layers else {}),
                 **({"row_extents": extents} if extents is not None else {}),
+                **invariant_kwargs(model, inputs.allowed, inputs.position_ids),
             )
     at = {r: i for i, r in enumerate(keep)}
     features = hf_internals.hidden_features(out, layers) if layers else None  # [b, q, L, H]

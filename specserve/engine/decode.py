@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from pydantic import BaseModel
 
-from specserve.engine import families, hf_internals
+from specserve.engine import families, hf_internals, invariance
 from specserve.engine.forward import ForwardOutput, verify_forward
 from specserve.engine.logprobs import TokenLogprob, logprob_rows, step_logprobs
 from specserve.engine.lora_batch import check_adapters
@@ -113,12 +113,16 @@ class Engine:
         eos_ids: frozenset[int],
         pad_width: Callable[[int], int] | None = None,
         drafters: dict[str, object] | None = None,
+        invariant: bool = True,
     ) -> None:
         """`pad_width(k)`: the verify width to run k decode tokens at (the device's cheapest
         width >= k, from its cost curve); None runs exactly k. `drafters`: strategy name ->
-        trained drafter checked against this model (see `engine.drafters.artifact`). Raises
+        trained drafter checked against this model (see `engine.drafters.artifact`).
+        `invariant`: serve the position-invariant forward where the probe finds this machine's
+        kernels row-invariant (`invariance.apply`; `self.invariance` says what it found). Raises
         `families.UnsupportedModel` for an architecture outside `families.FAMILIES`."""
         families.family_of(model.config)
+        self.invariance = invariance.apply(model, enabled=invariant)
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(eos_ids)

@@ -112,6 +112,19 @@ def _pending_block(p: int, q: int) -> torch.Tensor:
     return block
 
 
+def invariant_kwargs(model, allowed: torch.Tensor, positions: torch.Tensor) -> dict:
+    """The forward keyword of the position-invariant attention for query rows at `positions`
+    [b, q] attending the key columns `allowed` [b, q, columns] marks, where the model serves it
+    (`invariance.apply`); {} otherwise."""
+    if not hf_internals.is_invariant(model):
+        return {}
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = base.config
+    group = config.num_attention_heads // (config.num_key_value_heads or config.num_attention_heads)
+    layout = hf_internals.invariant_layout(allowed, positions, group, model.dtype, model.device)
+    return {"invariant_layout": layout}
+
+
 @torch.inference_mode()
 def verify_forward(
     model,
@@ -135,9 +148,10 @@ def verify_forward(
     if inputs.input_ids.shape[1] > 1:
         offset = hf_internals.window_offset(cache)
         mask = attention_masks(model.config, inputs, past, offset, model.dtype, device)
-    forward = compiled.runner(
-        model, inputs.input_ids.shape[1], past
-    )  # the model or its compiled one
+    invariant = invariant_kwargs(model, inputs.allowed[None], inputs.position_ids)
+    forward = (  # the model or its compiled one
+        model if invariant else compiled.runner(model, inputs.input_ids.shape[1], past)
+    )
     with lora_rows(model, [adapter]):
         out = forward(
             input_ids=inputs.input_ids.to(device),
@@ -147,6 +161,7 @@ def verify_forward(
             use_cache=True,
             logits_to_keep=inputs.logit_rows.to(device),
             **({"output_hidden_states": True} if feature_layers else {}),
+            **invariant,
         )
     logits = out.logits[0]  # [r, vocab]
     n = len(draft.tree)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specserve.engine import row_tiles
 from specserve.engine.lora import BASE_ADAPTER, is_peft_model
 from specserve.engine.lora_slots import SlotGroup, selector
 
@@ -225,17 +226,19 @@ class RowLoRA:
         if own is None:
             return None
         a, b = own  # [r, in], [out, r]
-        low = torch.nn.functional.linear(inputs[0].to(a.dtype), a)  # [batch, q, r]
-        return output + torch.nn.functional.linear(low, b).to(output.dtype)
+        tile = row_tiles.row_tile(module)
+        low = row_tiles.linear(inputs[0].to(a.dtype), a, tile=tile)  # [batch, q, r]
+        return output + row_tiles.linear(low, b, tile=tile).to(output.dtype)
 
 
 def _slot_delta(groups: list, module, x: torch.Tensor) -> torch.Tensor:
     """[batch, q, out]: each row's own slot of every rank group, `((x @ A_S^T) * select) @ B_S^T`."""
     delta = None
+    tile = row_tiles.row_tile(module)
     for group, select in groups:
         a, b = group.buffers[module]  # [S r, in], [out, S r]
-        low = torch.nn.functional.linear(x.to(a.dtype), a)  # [batch, q, S r]
-        part = torch.nn.functional.linear(low * select, b)  # only each row's own slot
+        low = row_tiles.linear(x.to(a.dtype), a, tile=tile)  # [batch, q, S r]
+        part = row_tiles.linear(low * select, b, tile=tile)  # only each row's own slot
         delta = part if delta is None else delta + part
     return delta
 

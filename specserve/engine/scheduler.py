@@ -46,7 +46,7 @@ class Scheduler(EngineLoop):
         self.settings = settings or BatchSettings()
         super().__init__(self.settings.niceness)
         self.relative_cost = relative_cost
-        self.kv = BatchKV(engine.model.config)
+        self.kv = BatchKV(engine.model.config, pack=hf_internals.is_invariant(engine.model))
         hf_internals.enable_row_attention(engine.model)  # each row attends its own columns only
         self.waiting: OrderedDict[str, deque[Ticket]] = OrderedDict()
         self.prefilling: deque[Ticket] = deque()

@@ -90,8 +90,9 @@ def test_add_rows_of_different_lengths(model):
 
 def test_common_end_hides_new_columns_until_keep(model):
     """Not ragged: a forward adds q hidden columns after the common end (wasted rises); keep
-    marks columns of the last forward only, counted from that forward's first query row."""
-    kv = BatchKV(model.config, ragged=False)
+    holds columns of the last forward only, counted from that forward's first query row, packed
+    right after the forward's start (their entries move there before the next forward)."""
+    kv = BatchKV(model.config, ragged=False, pack=True)
     kv.add(_filled(model, [1, 2, 3, 4]), 4)
     kv.add(_filled(model, [5, 6]), 2)
     _forward(kv, 3, seed=0)
@@ -99,13 +100,15 @@ def test_common_end_hides_new_columns_until_keep(model):
     assert hf_internals.cache_length(kv.cache) == 7
     assert kv.lengths() == [4, 2]
     assert kv.wasted() == pytest.approx(1 - 4 / 7)
+    kept = kv.cache.layers[0].keys[0, :, 6].clone()  # row 0's forward column 2
     kv.keep(0, [0, 2])
     kv.keep(1, [1])
     assert kv.lengths() == [6, 3]
-    assert kv.visible[0].tolist() == [True] * 4 + [True, False, True]
-    assert kv.visible[1].tolist() == [True, True, False, False, False, True, False]
+    assert kv.visible[0].tolist() == [True] * 4 + [True, True, False]
+    assert kv.visible[1].tolist() == [True, True, False, False, True, False, False]
     assert kv.wasted() == pytest.approx(1 - 6 / 7)
     _forward(kv, 2, seed=1)  # a second forward: keep counts from its first column (7)
+    assert torch.equal(kv.cache.layers[0].keys[0, :, 5], kept)  # packed before it ran
     kv.keep(1, [0])
     assert kv.visible[1, 7] and not kv.visible[1, 8] and not kv.visible[0, 7:].any()
     assert kv.lengths() == [6, 4]
@@ -115,9 +118,9 @@ def test_common_end_hides_new_columns_until_keep(model):
 
 def test_ragged_rows_write_after_their_own_end(model):
     """Ragged: row b's new entries land at [ends()[b], ends()[b] + q); the cache is only as wide as
-    the longest row's end + q; a row's rejected tail is overwritten by its next forward; holes
-    left by a kept-then-skipped column stay hidden; extents are start + q."""
-    kv = BatchKV(model.config)
+    the longest row's end + q; a row's rejected tail is overwritten by its next forward; kept
+    columns pack right after the row's own (no holes); extents are start + q."""
+    kv = BatchKV(model.config, pack=True)
     assert kv.ragged
     kv.add(_filled(model, [1, 2, 3, 4]), 4)
     kv.add(_filled(model, [5, 6]), 2)
@@ -127,17 +130,18 @@ def test_ragged_rows_write_after_their_own_end(model):
     for layer, keys in zip(kv.cache.layers, new_keys, strict=True):
         assert torch.equal(layer.keys[0, :, 4:7], keys[0])
         assert torch.equal(layer.keys[1, :, 2:5], keys[1])
-    kv.keep(0, [0, 2])  # a hole at column 5
+    kv.keep(0, [0, 2])  # column 6's entry packs into column 5: no hole
     kv.keep(1, [0])  # columns 3, 4 rejected
-    assert kv.ends() == [7, 3] and kv.lengths() == [6, 3]
-    assert kv.wasted() == pytest.approx(1 - 9 / 10)
-    starts, new_keys = _forward(kv, 2, seed=1)
-    assert starts == [7, 3] and kv.columns == 9
-    for layer, keys in zip(kv.cache.layers, new_keys, strict=True):
-        assert torch.equal(layer.keys[1, :, 3:5], keys[1])  # over the rejected tail
+    assert kv.ends() == [6, 3] and kv.lengths() == [6, 3]
+    assert kv.wasted() == 0.0
+    starts, newer_keys = _forward(kv, 2, seed=1)
+    assert starts == [6, 3] and kv.columns == 8
+    for layer, keys, newer in zip(kv.cache.layers, new_keys, newer_keys, strict=True):
+        assert torch.equal(layer.keys[0, :, 5], keys[0, :, 2])  # packed before the forward
+        assert torch.equal(layer.keys[1, :, 3:5], newer[1])  # over the rejected tail
     kv.keep(1, [0, 1])
-    assert kv.visible[1].tolist() == [True] * 5 + [False] * 4
-    assert kv.visible[0].tolist() == [True] * 5 + [False, True, False, False]
+    assert kv.visible[1].tolist() == [True] * 5 + [False] * 3
+    assert kv.visible[0].tolist() == [True] * 6 + [False] * 2
 
 
 def test_ragged_cache_narrows_when_the_longest_row_leaves(model):

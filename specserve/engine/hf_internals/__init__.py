@@ -1,12 +1,15 @@
 """Every touch of transformers internals lives in this package, pinned by
 tests/engine/test_hf_internals.py: the KV caches (`cache`), sliding-window layers (`windows`),
-the batched row attention (`attention`) and the target's parts drafters reuse (`backbone`).
+the batched row attention (`attention`), the position-invariant attention (`invariant`) and the target's parts drafters reuse (`backbone`).
 """
 
 from specserve.engine.hf_internals.attention import (
     ROW_ATTENTION,
     UnsupportedAttention,
+    disable_invariant,
+    enable_invariant,
     enable_row_attention,
+    is_invariant,
     layer_type,
 )
 from specserve.engine.hf_internals.backbone import (
@@ -29,6 +32,7 @@ from specserve.engine.hf_internals.cache import (
     keep_rows,
     kv_bytes,
     make_contiguous,
+    move_columns,
     new_batch_cache,
     new_cache,
     reserve,
@@ -37,6 +41,12 @@ from specserve.engine.hf_internals.cache import (
     set_write_index,
     write_row,
 )
+from specserve.engine.hf_internals.invariant import (
+    DraftTooDeep,
+    InvariantLayout,
+    invariant_attention,
+)
+from specserve.engine.hf_internals.invariant import layout as invariant_layout
 from specserve.engine.hf_internals.windows import (
     WindowLayer,
     layer_masks,
@@ -47,7 +57,9 @@ from specserve.engine.hf_internals.windows import (
 
 __all__ = [
     "ROW_ATTENTION",
+    "DraftTooDeep",
     "GrowingLayer",
+    "InvariantLayout",
     "UnsupportedAttention",
     "WindowLayer",
     "append_row",
@@ -55,11 +67,16 @@ __all__ = [
     "cache_length",
     "copy_cache",
     "decoder_layer",
+    "disable_invariant",
     "empty_cache",
+    "enable_invariant",
     "enable_row_attention",
     "final_norm",
     "gather_rows",
     "hidden_features",
+    "invariant_attention",
+    "invariant_layout",
+    "is_invariant",
     "keep_rows",
     "kv_bytes",
     "layer_forward",
@@ -67,6 +84,7 @@ __all__ = [
     "layer_type",
     "layer_windows",
     "make_contiguous",
+    "move_columns",
     "new_batch_cache",
     "new_cache",
     "num_layers",

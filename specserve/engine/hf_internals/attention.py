@@ -10,6 +10,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from specserve.engine.hf_internals.cache import layer_windows
+from specserve.engine.hf_internals.invariant import invariant_attention
 
 ROW_ATTENTION = "specserve_rows"
 
@@ -45,15 +46,23 @@ def _check_attention_kwargs(module, kwargs: dict) -> None:
         )
 
 
-def _row_attention(module, query, key, value, attention_mask, row_extents=None, **kwargs):
+def _row_attention(
+    module, query, key, value, attention_mask, row_extents=None, invariant_layout=None, **kwargs
+):
     """transformers' sdpa without a mask. With one (query [b, heads, q, d], key/value
     [b, kv_heads, columns, d], mask [b, 1, q, columns]) and given `row_extents`, each batch row
     attends its own key columns [0, e_b) only, so short rows skip the long rows' padding; on CPU
     through torch's sdpa with grouped-query heads (transformers would copy every key/value head
     group there), elsewhere through transformers' sdpa. Returns ([b, q, heads, d], None).
     `row_extents` may be {layer type: extents} when the layer groups have their own columns.
+    With `invariant_layout` (`invariant.layout`) it is the position-invariant attention instead.
     Keywords outside `_ATTENTION_KWARGS` raise `UnsupportedAttention`, never pass silently."""
     _check_attention_kwargs(module, kwargs)
+    if invariant_layout is not None:
+        out = invariant_attention(
+            module, query, key, value, invariant_layout, kwargs.get("scaling")
+        )
+        return out, None
     if isinstance(row_extents, dict):  # one list per layer type (`BatchKV.extents`)
         row_extents = row_extents[layer_type(module)]
     if attention_mask is None:
@@ -122,3 +131,24 @@ def enable_row_attention(model) -> bool:
     AttentionMaskInterface.register(ROW_ATTENTION, sdpa_mask)
     base.set_attn_implementation(ROW_ATTENTION)
     return base.config._attn_implementation == ROW_ATTENTION
+
+
+def enable_invariant(model) -> None:
+    """Serve `model` with the position-invariant attention (the row attention's invariant mode,
+    see `invariant`): its forwards then pass an `invariant_layout`."""
+    if not enable_row_attention(model):
+        raise UnsupportedAttention("the invariant attention replaces sdpa only")
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.config.specserve_invariant = True
+
+
+def is_invariant(model) -> bool:
+    """Whether `enable_invariant` switched this model (its forwards then pass a layout)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return bool(getattr(base.config, "specserve_invariant", False))
+
+
+def disable_invariant(model) -> None:
+    """Back to the row attention's plain sdpa path (linears keep their row tiles)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.config.specserve_invariant = False

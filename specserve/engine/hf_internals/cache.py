@@ -330,6 +330,25 @@ def gather_rows(
         layer.keys, layer.values = new_keys, new_values  # both read before either is replaced
 
 
+@torch.inference_mode()
+def move_columns(
+    cache: DynamicCache,
+    rows: torch.Tensor,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    layers: Sequence[int] | None = None,
+) -> None:
+    """For each i, batch row rows[i]'s entry at column src[i] goes to column dst[i] (all read
+    before any is written), in `layers`; one indexed copy per layer, in place. Example: rows
+    [0, 0], src [5, 7], dst [4, 5] packs row 0's columns 5 and 7 right after column 3."""
+    for i in _indices(cache, layers):
+        layer = cache.layers[i]
+        keys, values = layer.keys, layer.values  # views of the used part: writes land in place
+        r, s, d = rows.to(keys.device), src.to(keys.device), dst.to(keys.device)
+        keys[r, :, d] = keys[r, :, s]
+        values[r, :, d] = values[r, :, s]
+
+
 def empty_cache() -> DynamicCache:
     """A cache with no preset layers (grows as layers write to it); for a drafter's own layer."""
     return DynamicCache()

@@ -1,0 +1,194 @@
+"""Position-invariant attention: a query at position t attends keys 0..t reduced in the same
+blocks and order whatever the layout around it (verify width, tree, batch rows, cache length),
+so a token's output is a function of its token prefix only where the primitives are row-invariant.
+
+Each query row's keys split at S(t) = max(0, floor((t - DEPTH) / BLOCK) * BLOCK), a function of
+t alone: keys [0, S) are the row's held columns 0..S-1 (position = column there), reduced by the
+flash kernel with the rest masked (a masked tail, measured invariant); keys [S, t] (at most
+TAIL of them: held columns and the row's own tree ancestors) are gathered into position order at
+slots 0.. of a TAIL-wide block, one batch entry per query row. The two partials (output and
+log-sum-exp) merge in float32. Example: t = 100 -> S = 64: columns 0..63 by the flash kernel,
+positions 64..100 gathered (whether they sit in the cache or in this forward's tree).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BLOCK = 32  # split points are multiples of this (the flash kernel's masked tail is invariant there)
+DEPTH = 32  # a query may sit at most this far past the positions its row held before the forward
+TAIL = BLOCK + DEPTH  # keys [S, t] per query row
+INVARIANT_ATTENTION = "specserve_invariant"
+
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+class DraftTooDeep(ValueError):
+    """A query row sits further past its row's held positions than `DEPTH`."""
+
+
+def split_point(positions: torch.Tensor) -> torch.Tensor:
+    """S(t) per query position (same shape). Example: [0, 40, 63, 64, 100, 500] ->
+    [0, 0, 0, 32, 64, 448]."""
+    return ((positions - DEPTH).clamp(min=0) // BLOCK) * BLOCK
+
+
+@dataclass(frozen=True)
+class InvariantLayout:
+    """What every attention layer of one forward needs, built once (`layout`); G query heads
+    share a key/value head, and a batch row's G * q query rows are head-major (g * q + i)."""
+
+    heads_per_kv: int  # G
+    queries: int  # q query rows per batch row
+    head_rows: int  # G * q, padded so no flash query block holds a single row
+    flash_width: list[int]  # per batch row: columns the flash part reads (max S); 0: none
+    flash_mask: list[torch.Tensor | None]  # per batch row: [1, 1, head_rows, width] additive
+    tail_batch: torch.Tensor  # [R] batch row of each computed query row
+    tail_query: torch.Tensor  # [R] its query index
+    tail_columns: torch.Tensor  # [R, TAIL] key columns of positions S..t in order (0-padded)
+    tail_mask: torch.Tensor  # [R, 1, G', TAIL] additive: slots past t masked (G' >= 2)
+    has_flash: torch.Tensor  # [R] bool: the row has keys before S
+
+
+def _head_rows(heads_per_kv: int, q: int) -> int:
+    """G * q, plus one padding row where the flash kernel's last query block (32 rows; 64 or
+    256 for long inputs, all multiples of 32) would hold a single row, which takes another path.
+    Example: G 3, q 11 -> 34 (33 would leave row 32 alone)."""
+    rows = heads_per_kv * q
+    return rows + 1 if rows % 32 == 1 else rows
+
+
+def layout(
+    allowed: torch.Tensor, positions: torch.Tensor, heads_per_kv: int, dtype, device
+) -> InvariantLayout:
+    """The layout of a forward whose query rows [b, q] sit at `positions` and may attend the key
+    columns `allowed` [b, q, columns] marks. Every row must see columns [0, S(t)) (its held
+    positions, in order) and at most TAIL columns from S(t) on; raises `DraftTooDeep` otherwise."""
+    q = allowed.shape[1]
+    split = split_point(positions)  # [b, q]
+    head_rows = _head_rows(heads_per_kv, q)
+    widths = split.amax(dim=1).tolist()  # [b]
+    masks: list[torch.Tensor | None] = []
+    for row, width in enumerate(widths):
+        if width == 0:
+            masks.append(None)
+            continue
+        keep = torch.arange(width)[None, :] < split[row][:, None]  # [q, width]
+        _check_prefix(allowed[row, :, :width], keep)
+        rows = keep.repeat(heads_per_kv, 1)  # [G * q, width], head-major
+        if head_rows > rows.shape[0]:
+            rows = torch.cat([rows, rows[:1]])
+        masks.append(_additive(rows, dtype, device)[None, None])
+    tail = allowed & (torch.arange(allowed.shape[2])[None, None, :] >= split[..., None])
+    counts = tail.sum(dim=2)  # [b, q]
+    if int(counts.max()) > TAIL:
+        raise DraftTooDeep(
+            f"a query row attends {int(counts.max())} keys past its split point; the invariant "
+            f"attention takes at most {TAIL} (drafts up to {DEPTH} positions deep)"
+        )
+    batch_index, query_index = torch.nonzero(counts > 0, as_tuple=True)  # [R]
+    order = torch.sort((~tail[batch_index, query_index]).to(torch.int8), dim=1, stable=True)
+    columns = order.indices[:, :TAIL]  # allowed columns first, in column (= position) order
+    columns = torch.nn.functional.pad(columns, (0, TAIL - columns.shape[1]))  # short caches
+    slots = torch.arange(TAIL)[None, :] < counts[batch_index, query_index][:, None]  # [R, TAIL]
+    columns = torch.where(slots, columns, 0)
+    group = max(heads_per_kv, 2)  # the flash kernel's lone-row path again: never one query row
+    tail_mask = _additive(slots, dtype, device)[:, None, None, :].expand(-1, 1, group, -1)
+    return InvariantLayout(
+        heads_per_kv=heads_per_kv,
+        queries=q,
+        head_rows=head_rows,
+        flash_width=widths,
+        flash_mask=masks,
+        tail_batch=batch_index.to(device),
+        tail_query=query_index.to(device),
+        tail_columns=columns.to(device),
+        tail_mask=tail_mask.contiguous(),
+        has_flash=(split[batch_index, query_index] > 0).to(device),
+    )
+
+
+def _check_prefix(allowed: torch.Tensor, keep: torch.Tensor) -> None:
+    """Each row's columns before its split point must all be allowed (its held positions)."""
+    if bool((keep & ~allowed).any()):
+        raise DraftTooDeep(
+            "a query row does not see every position before its split point: its row's held "
+            f"positions end less than {DEPTH} before it"
+        )
+
+
+def _additive(allowed: torch.Tensor, dtype, device) -> torch.Tensor:
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(~allowed.to(device), float("-inf"))
+
+
+def invariant_attention(module, query, key, value, layout: InvariantLayout, scaling=None):
+    """Attention of query [b, H, q, d] over key / value [b, KVH, columns, d] by `layout`;
+    returns [b, q, H, d] (rows with no keys, padding the caller never reads, are zero)."""
+    b, heads, q, d = query.shape
+    kv_heads, group = key.shape[1], layout.heads_per_kv
+    folded = query.reshape(b, kv_heads, group * q, d)  # [b, KVH, G q, d], head-major rows
+    if layout.head_rows > group * q:
+        folded = torch.cat([folded, folded[:, :, :1]], dim=2)
+    head_out, head_lse = _flash_part(folded, key, value, layout, scaling)
+    rows_b, rows_q = layout.tail_batch, layout.tail_query
+    picked = rows_q[:, None] + q * torch.arange(group, device=query.device)[None, :]  # [R, G]
+    flash_out = head_out[rows_b[:, None], :, picked].transpose(1, 2)  # [R, KVH, G, d]
+    flash_lse = head_lse[rows_b[:, None], :, picked].transpose(1, 2)  # [R, KVH, G]
+    tail_out, tail_lse = _tail_part(query, key, value, layout, scaling)
+    merged = _merge(flash_out, flash_lse, layout.has_flash, tail_out, tail_lse)  # [R, KVH, G, d]
+    out = query.new_zeros(b, q, heads, d)
+    out[rows_b, rows_q] = merged.reshape(-1, heads, d).to(query.dtype)
+    return out
+
+
+def _flash_part(folded, key, value, layout: InvariantLayout, scaling):
+    """Per batch row, the flash kernel over columns [0, S) of each query row (masked tail):
+    outputs [b, KVH, G q', d] (float32) and log-sum-exp [b, KVH, G q'] (-inf: no keys)."""
+    b, kv_heads, rows, d = folded.shape
+    out = folded.new_zeros(b, kv_heads, rows, d, dtype=torch.float32)
+    lse = folded.new_full((b, kv_heads, rows), float("-inf"), dtype=torch.float32)
+    for row, width in enumerate(layout.flash_width):
+        if width == 0:
+            continue
+        o, row_lse = _flash(
+            folded[row : row + 1],
+            key[row : row + 1, :, :width],
+            value[row : row + 1, :, :width],
+            0.0,
+            False,
+            attn_mask=layout.flash_mask[row],
+            scale=scaling,
+        )[:2]
+        out[row], lse[row] = o[0], row_lse[0]
+    return out, lse
+
+
+def _tail_part(query, key, value, layout: InvariantLayout, scaling):
+    """Per computed query row, the flash kernel over its keys [S, t] gathered into position
+    order (one batch entry each): outputs [R, KVH, G, d] and log-sum-exp [R, KVH, G]."""
+    d = query.shape[3]
+    kv_heads, group = key.shape[1], layout.heads_per_kv
+    rows_b, rows_q = layout.tail_batch, layout.tail_query
+    queries = query[rows_b, :, rows_q].reshape(-1, kv_heads, group, d)  # [R, KVH, G, d]
+    if group == 1:  # the flash kernel's lone-row path: compute the row twice
+        queries = torch.cat([queries, queries], dim=2)
+    cols = layout.tail_columns  # [R, TAIL]
+    keys = key[rows_b[:, None], :, cols].transpose(1, 2)  # [R, KVH, TAIL, d]
+    values = value[rows_b[:, None], :, cols].transpose(1, 2)
+    mask = layout.tail_mask
+    o, lse = _flash(queries, keys, values, 0.0, False, attn_mask=mask, scale=scaling)[:2]
+    return o[:, :, :group].float(), lse[:, :, :group]
+
+
+def _merge(flash_out, flash_lse, has_flash, tail_out, tail_lse) -> torch.Tensor:
+    """Two softmax partials (normalized outputs and their log-sum-exp) into one, in float32;
+    rows without a flash part take the tail alone. Example: equal lse -> the mean of the two."""
+    flash_lse = torch.where(has_flash[:, None, None], flash_lse, float("-inf"))
+    top = torch.maximum(flash_lse, tail_lse)  # [R, KVH, G]; the tail always holds the row itself
+    w_flash = torch.exp(flash_lse - top)[..., None]
+    w_tail = torch.exp(tail_lse - top)[..., None]
+    flash_out = torch.where(has_flash[:, None, None, None], flash_out, 0.0)
+    return (w_flash * flash_out + w_tail * tail_out) / (w_flash + w_tail)

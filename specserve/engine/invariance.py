@@ -1,0 +1,155 @@
+"""The invariance probe: whether this machine's kernels make a forward row-invariant for a model
+(each linear's row i of an M-row product equals the 1-row product; the position-invariant
+attention gives one result per prefix), and `apply`, which switches a model to it when they do.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel
+
+from specserve.engine import hf_internals, row_tiles
+
+# the row counts a forward may have: 1..16 and the batched / prefill widths up to a 512 chunk
+PROBED_ROWS = (*range(1, 18), 24, 31, 32, 33, 48, 63, 64, 65, 96, 128, 192, 256, 320, 384, 512)
+TILES = (32, 16, 8)  # row tiles tried where a linear is not row-invariant to PROBED_ROWS[-1]
+
+
+class InvarianceReport(BaseModel):
+    """What the probe found for one model's shapes on this device, dtype and torch."""
+
+    invariant: bool
+    reason: str
+    dtype: str
+    device: str
+    torch: str
+    threads: int
+    row_tile: int | None = None  # rows per linear product (None: any number is invariant)
+
+
+def probe(model) -> InvarianceReport:
+    """The report for `model` (cached per shapes, dtype, device, threads and torch)."""
+    config = model.config
+    linears = tuple(
+        sorted(
+            {
+                (m.in_features, m.out_features)
+                for m in model.modules()
+                if isinstance(m, torch.nn.Linear)
+            }
+        )
+    )
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return _probe(
+        linears,
+        (heads, kv_heads, head_dim),
+        bool(any(hf_internals.layer_windows(config))),
+        str(model.dtype),
+        model.device.type,
+        torch.get_num_threads(),
+        torch.__version__,
+    )
+
+
+@functools.cache
+def _probe(linears, attention, windowed, dtype, device, threads, version):
+    dt = getattr(torch, dtype.removeprefix("torch."))
+    where = {"dtype": dtype, "device": device, "torch": version, "threads": threads}
+    if device != "cpu":
+        return InvarianceReport(invariant=False, reason=f"not probed on {device}", **where)
+    if windowed:
+        reason = "sliding-window layers: the invariant attention covers full attention only"
+        return InvarianceReport(invariant=False, reason=reason, **where)
+    tile = _row_tile(linears, dt)
+    if tile == 0:
+        worst = next(s for s in linears if first_variant_rows(*s, dt, _upto(TILES[-1])))
+        reason = f"{dtype} F.linear {worst[0]}->{worst[1]} is not row-invariant here, even in tiles"
+        return InvarianceReport(invariant=False, reason=reason, **where)
+    if not attention_invariant(*attention, dt):
+        reason = f"{dtype} position-invariant attention differs between layouts here"
+        return InvarianceReport(invariant=False, reason=reason, **where)
+    rows = f"in row tiles of {tile}" if tile else f"to {PROBED_ROWS[-1]} rows"
+    reason = f"{dtype} linears row-invariant {rows}; attention invariant to layout"
+    return InvarianceReport(invariant=True, reason=reason, row_tile=tile, **where)
+
+
+def _row_tile(linears, dtype) -> int | None:
+    """None when every shape is row-invariant at all PROBED_ROWS, else the largest of TILES up
+    to which all are (0: none is)."""
+    if all(first_variant_rows(*s, dtype, PROBED_ROWS) is None for s in linears):
+        return None
+    for tile in TILES:
+        if all(first_variant_rows(*s, dtype, _upto(tile)) is None for s in linears):
+            return tile
+    return 0
+
+
+def _upto(tile: int) -> tuple[int, ...]:
+    return tuple(m for m in PROBED_ROWS if m <= tile)
+
+
+def first_variant_rows(in_f: int, out_f: int, dtype, rows) -> int | None:
+    """The first M in `rows` whose product's rows differ from the 1-row products (first, last
+    and a middle row), or None. Random data of this shape and dtype."""
+    gen = torch.Generator().manual_seed(0)
+    top = max(rows)
+    w = torch.randn(out_f, in_f, generator=gen).to(dtype)
+    x = torch.randn(top, in_f, generator=gen).to(dtype)
+    for m in rows:
+        y = F.linear(x[:m], w)
+        for i in {0, m // 2, m - 1}:
+            if not torch.equal(y[i], F.linear(x[i : i + 1], w)[0]):
+                return m
+    return None
+
+
+def attention_invariant(heads: int, kv_heads: int, head_dim: int, dtype) -> bool:
+    """One query's output over one prefix in three layouts: decoding alone, a tree row whose
+    ancestors sit after a masked sibling, and a batch row beside a longer row."""
+    gen = torch.Generator().manual_seed(0)
+    length = 300  # positions 0..299; the query is position 299
+    keys = torch.randn(1, kv_heads, length + 1, head_dim, generator=gen).to(dtype)
+    values = torch.randn(1, kv_heads, length + 1, head_dim, generator=gen).to(dtype)
+    query = torch.randn(1, heads, 1, head_dim, generator=gen).to(dtype)
+    alone = _attend(query, keys[:, :, :length], values[:, :, :length], [[True] * length], [299])
+    # tree: held 296, then [x(296), sibling(297), y(297), z(298), q(299)], sibling masked
+    tree_k = torch.cat([keys[:, :, :297], keys[:, :, 300:], keys[:, :, 297:300]], dim=2)
+    tree_v = torch.cat([values[:, :, :297], values[:, :, 300:], values[:, :, 297:300]], dim=2)
+    seen = [True] * 297 + [False] + [True] * 3
+    tree = _attend(query, tree_k, tree_v, [seen], [299])
+    # batch: this row beside a row of 310 positions
+    wide_k = torch.cat([keys, torch.randn(1, kv_heads, 301, head_dim, generator=gen).to(dtype)])
+    wide_k = torch.cat([wide_k, torch.zeros(2, kv_heads, 10, head_dim, dtype=dtype)], dim=2)
+    wide_v = torch.cat([values, torch.randn(1, kv_heads, 301, head_dim, generator=gen).to(dtype)])
+    wide_v = torch.cat([wide_v, torch.zeros(2, kv_heads, 10, head_dim, dtype=dtype)], dim=2)
+    queries = torch.cat([query, torch.randn(1, heads, 1, head_dim, generator=gen).to(dtype)])
+    batch = _attend(
+        queries, wide_k, wide_v, [[True] * 300 + [False] * 11, [True] * 311], [299, 310]
+    )
+    return torch.equal(alone[0], tree[0]) and torch.equal(alone[0], batch[0])
+
+
+def _attend(query, keys, values, seen: list[list[bool]], positions: list[int]) -> torch.Tensor:
+    allowed = torch.tensor(seen)[:, None, :]  # [b, 1, columns]
+    at = torch.tensor(positions)[:, None]  # [b, 1]
+    group = query.shape[1] // keys.shape[1]
+    lay = hf_internals.invariant_layout(allowed, at, group, query.dtype, query.device)
+    return hf_internals.invariant_attention(None, query, keys, values, lay, None)
+
+
+def apply(model, enabled: bool = True) -> InvarianceReport:
+    """Probe `model` and, where invariant (and `enabled`), serve it with the position-invariant
+    attention and its linears in the probe's row tiles; otherwise leave it as it is."""
+    report = probe(model)
+    if report.invariant and not enabled:
+        report = report.model_copy(update={"invariant": False, "reason": "turned off"})
+    if report.invariant:
+        if report.row_tile is not None:
+            row_tiles.tile_linears(model, report.row_tile)
+        hf_internals.enable_invariant(model)
+    return report

@@ -1,0 +1,188 @@
+"""THE GATE for one request, one output in bf16: with the position-invariant attention (where the
+probe finds the kernels row-invariant) every strategy, alone or in random batches beside other
+variants, commits bit for bit what the engine's own bf16 `ar` commits, greedy and seeded; the
+attention against a slow reference; the same schedules on the old layout differ.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+from schedules import ADAPTERS, alone, prompt, requests, run, with_adapters
+
+from specserve.engine import hf_internals, invariance
+from specserve.engine.decode import Engine
+from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
+from specserve.engine.hf_internals.invariant import TAIL, split_point
+from specserve.engine.scheduler import BatchSettings, Scheduler
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _reference(query, keys, values, allowed, scale):
+    """Slow reference: each query row's softmax over its allowed keys, in float64."""
+    group = query.shape[1] // keys.shape[1]
+    k = keys.double().repeat_interleave(group, dim=1)  # [b, H, columns, d]
+    v = values.double().repeat_interleave(group, dim=1)
+    scores = query.double() @ k.transpose(2, 3) * scale  # [b, H, q, columns]
+    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(1, 2)  # [b, q, H, d]
+
+
+def _tree_case(gen, dtype, past=150, heads=6, kv_heads=2, d=32):
+    """Two batch rows: a tree (root, two siblings, a grandchild) after `past` held positions, and
+    a row of 40 held positions decoding one token."""
+    columns = past + 4
+    keys = torch.randn(2, kv_heads, columns, d, generator=gen).to(dtype)
+    values = torch.randn(2, kv_heads, columns, d, generator=gen).to(dtype)
+    query = torch.randn(2, heads, 4, d, generator=gen).to(dtype)
+    allowed = torch.zeros(2, 4, columns, dtype=torch.bool)
+    allowed[0, :, :past] = True
+    for row, seen in enumerate([[0], [0, 1], [0, 2], [0, 1, 3]]):
+        allowed[0, row, [past + s for s in seen]] = True
+    allowed[1, :, :40] = True
+    allowed[1, 0, 40] = True  # its one real query row; the rest are padding seeing themselves
+    for row in range(1, 4):
+        allowed[1, row, 40 + row] = True
+    positions = torch.tensor([[past, past + 1, past + 1, past + 2], [40, 40, 40, 40]])
+    return query, keys, values, allowed, positions
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_invariant_attention_equals_the_slow_reference(dtype):
+    gen = torch.Generator().manual_seed(0)
+    query, keys, values, allowed, positions = _tree_case(gen, dtype)
+    layout = hf_internals.invariant_layout(allowed, positions, 3, dtype, "cpu")
+    got = hf_internals.invariant_attention(None, query, keys, values, layout, 0.125)
+    want = _reference(query, keys, values, allowed, 0.125)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(got.double()[0], want[0], atol=tol)
+    assert torch.allclose(got.double()[1, :1], want[1, :1], atol=tol)
+
+
+def test_split_point_worked_example():
+    got = split_point(torch.tensor([0, 40, 63, 64, 100, 500]))
+    assert got.tolist() == [0, 0, 0, 32, 64, 448]
+    assert TAIL == 64
+
+
+def test_a_row_deeper_than_the_tail_is_refused():
+    allowed = torch.ones(1, 1, 200, dtype=torch.bool)
+    allowed[0, 0, 100:130] = False  # positions 100.. are not held: the row sits 70 past them
+    with pytest.raises(hf_internals.DraftTooDeep):
+        hf_internals.invariant_layout(allowed, torch.tensor([[199]]), 1, torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_prefix_gives_one_output_in_every_layout(dtype):
+    """Alone, as a tree row after a masked sibling, beside a longer batch row: bit-identical."""
+    assert invariance.attention_invariant(9, 3, 64, dtype)
+    assert invariance.attention_invariant(4, 4, 16, dtype)  # no grouped heads: G = 1
+
+
+def test_the_probe_reports_float32_and_bfloat16_here(tiny_llama):
+    report = invariance.probe(copy.deepcopy(tiny_llama(1)).bfloat16())
+    assert report.dtype == "torch.bfloat16" and report.reason
+    fp32 = invariance.probe(tiny_llama(1))
+    assert fp32.dtype == "torch.float32" and fp32.reason
+
+
+@pytest.fixture(scope="module")
+def bf16_engines(tiny_llama, tokenizer, random_drafter):
+    """(invariant engine, old-layout engine) over the same bf16 tiny Llama with three adapters."""
+    model = with_adapters(copy.deepcopy(tiny_llama(1, init_range=0.1)).bfloat16(), ADAPTERS)
+    drafters = {
+        "medusa": random_drafter(model, MedusaSpec(heads=2, topk=4), seed=2, scale=0.1),
+        "eagle": random_drafter(model, EagleSpec(feature_layers=(0, -1)), seed=3, scale=0.1),
+    }
+    engine = Engine(model, tokenizer, frozenset(), drafters=drafters)
+    if not engine.invariance.invariant:
+        pytest.skip(f"this machine's kernels are not row-invariant: {engine.invariance.reason}")
+    old = with_adapters(copy.deepcopy(tiny_llama(1, init_range=0.1)).bfloat16(), ADAPTERS)
+    old_drafters = {
+        "medusa": random_drafter(old, MedusaSpec(heads=2, topk=4), seed=2, scale=0.1),
+        "eagle": random_drafter(old, EagleSpec(feature_layers=(0, -1)), seed=3, scale=0.1),
+    }
+    return engine, Engine(old, tokenizer, frozenset(), drafters=old_drafters, invariant=False)
+
+
+def _ar_alone(engine, req) -> list[int]:
+    return alone(engine, req | {"strategy": "ar", "config": None})
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bf16_every_strategy_in_random_batches_equals_bf16_ar_alone(bf16_engines, seed):
+    """Random schedules (5 strategies, 3 adapters + base, greedy and seeded, joins, prefill
+    chunks): each request's ids equal its own `ar` decoded alone, bit for bit."""
+    engine, _ = bf16_engines
+    reqs = [r | {"cancel_at": None} for r in requests(seed, 12)]
+    scheduler = Scheduler(engine, BatchSettings(max_batch=6, prefill_chunk=16))
+    seen = run(engine, scheduler, reqs)
+    for i, req in enumerate(reqs):
+        assert seen[i]["ids"] == alone(engine, req), (i, req["strategy"], req["adapter"])
+        assert seen[i]["ids"] == _ar_alone(engine, req), (i, req["strategy"], req["adapter"])
+    assert seen[-1]["max_rows"] >= 4 and len({r["strategy"] for r in reqs}) >= 4
+
+
+def test_bf16_warm_pool_and_every_strategy_alone_equal_ar(bf16_engines):
+    """The same request again once its n-gram pool is warm (a different verify layout): same."""
+    engine, _ = bf16_engines
+    rng = random.Random(7)
+    for strategy in ("prompt_lookup", "lookahead", "medusa", "eagle"):
+        for temperature in (0.0, 0.8):
+            req = {
+                "prompt": prompt(rng, 30) * 2,
+                "strategy": strategy,
+                "adapter": "v2",
+                "max_new": 24,
+                "temperature": temperature,
+                "seed": 5,
+                "config": None,
+            }
+            want = _ar_alone(engine, req)
+            assert alone(engine, req) == want, (strategy, temperature)
+            assert alone(engine, req) == want, (strategy, temperature, "warm")
+
+
+def _old_and_new(query, keys, values, allowed, positions):
+    """One forward's attention through the plain row attention (sdpa over the mask) and the
+    invariant one: [b, q, H, d] each."""
+    mask = torch.zeros(allowed.shape, dtype=query.dtype).masked_fill(~allowed, float("-inf"))
+    old = torch.nn.functional.scaled_dot_product_attention(
+        query, keys, values, attn_mask=mask[:, None], enable_gqa=True
+    ).transpose(1, 2)
+    group = query.shape[1] // keys.shape[1]
+    layout = hf_internals.invariant_layout(allowed, positions, group, query.dtype, "cpu")
+    return old, hf_internals.invariant_attention(None, query, keys, values, layout, None)
+
+
+def test_the_old_layout_breaks_what_the_gate_checks():
+    """SmolLM2's attention shapes in bf16: a token decoded alone vs the same token as a tree row
+    whose ancestors sit after a masked sibling. The plain sdpa differs between the two layouts
+    on some of 20 prefixes; the invariant attention never does."""
+    gen = torch.Generator().manual_seed(0)
+    old_differ = 0
+    for _ in range(20):
+        length = int(torch.randint(200, 400, (1,), generator=gen))
+        keys = torch.randn(1, 3, length + 1, 64, generator=gen).bfloat16()
+        values = torch.randn(1, 3, length + 1, 64, generator=gen).bfloat16()
+        query = torch.randn(1, 9, 1, 64, generator=gen).bfloat16()
+        alone = torch.ones(1, 1, length, dtype=torch.bool)
+        at = torch.tensor([[length - 1]])
+        old_alone, new_alone = _old_and_new(
+            query, keys[:, :, :length], values[:, :, :length], alone, at
+        )
+        order = [
+            *range(length - 3),
+            length,
+            *range(length - 3, length),
+        ]  # a sibling before the last 3
+        tree = torch.ones(1, 1, length + 1, dtype=torch.bool)
+        tree[0, 0, length - 3] = False
+        old_tree, new_tree = _old_and_new(query, keys[:, :, order], values[:, :, order], tree, at)
+        assert torch.equal(new_alone, new_tree)
+        old_differ += not torch.equal(old_alone, old_tree)
+    assert old_differ > 0
