@@ -58,7 +58,7 @@ def main() -> None:
         "--dtype-rows",
         type=int,
         default=PlatformSettings().dtype_rows,
-        help="decode rows auto prices at (default: the model server's)",
+        help="rows of the serving step auto times (default: the model server's)",
     )
     ap.add_argument(
         "--compile",

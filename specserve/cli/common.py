@@ -51,7 +51,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default="auto",
-        help="auto (cheapest request measured on this device, cached) / float32 (exact) / bfloat16",
+        help="auto (fastest serving step under load measured on this device, cached) / float32 "
+        "(exact) / bfloat16",
     )
     p.add_argument("--cache-dir", type=Path, default=None, help="default $SPECSERVE_CACHE")
     p.add_argument(

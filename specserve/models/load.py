@@ -171,8 +171,8 @@ def load_model(
 ) -> LoadedModel:
     """Load a catalog model (pulling it if needed), an HF model dir, or a .gguf file.
 
-    dtype "auto": the dtype with the cheapest measured request on this device (`dtype_choice`,
-    cached), priced for `workload` (a `dtype_choice.Workload`; default one request alone);
+    dtype "auto": the dtype whose measured serving step is fastest on this device under
+    `workload`'s load (`dtype_choice`, cached; a `dtype_choice.Workload`, default 16 rows);
     None: float32 on CPU (the exact mode), bfloat16 on CUDA.
     """
     if str(dtype).strip().lower() == "auto":
@@ -200,18 +200,17 @@ def load_model(
 def _load_auto(
     name_or_path: str, device: str | None, cache_dir: Path | None, workload
 ) -> LoadedModel:
-    """Load in float32, then cast to the cached (or now measured) cheapest dtype for `workload`
-    (the measured costs are cached; the choice is priced per workload from them)."""
+    """Load in float32, then cast to the dtype whose serving step is fastest at `workload`'s load
+    (cached, or measured now and cached)."""
     from specserve.engine import dtype_choice
 
     workload = workload or dtype_choice.Workload()
     loaded = load_model(name_or_path, device=device, dtype="float32", cache_dir=cache_dir)
     cache = cache_dir or default_cache_dir()
-    choice = dtype_choice.cached_choice(cache, loaded.model_id, loaded.device)
+    choice = dtype_choice.cached_choice(cache, loaded.model_id, loaded.device, workload)
     if choice is None:
         choice = dtype_choice.measure_choice(loaded.model, loaded.model_id, workload)
         dtype_choice.save_choice(cache, choice)
-    choice = dtype_choice.for_workload(choice, workload)
     chosen = dtype_choice.dtype_of(choice.chosen)
     if chosen != loaded.dtype:
         loaded.model.to(chosen)

@@ -149,13 +149,14 @@ class PlatformSettings(BaseModel):
     device: str | None = None
     dtype: str = Field(
         "auto",
-        description="auto (cheapest request measured here, cached), float32 (exact), bfloat16",
+        description="auto (fastest serving step under load measured here, cached), float32 "
+        "(exact), bfloat16",
     )
     dtype_rows: int = Field(
         16,
         ge=1,
-        description="decode rows per step `dtype: auto` prices a replica's requests at (its "
-        "typical batch under load; 1 prices a request alone, as the commands do)",
+        description="requests decoding together in the serving step `dtype: auto` times (a "
+        "replica's batch under load; the commands use 16 too)",
     )
     compile: Literal["auto", "on", "off"] = Field(
         "auto",

@@ -1,86 +1,77 @@
-"""`--dtype auto`: the choice rule, its measurement and its cache."""
+"""`--dtype auto`: the choice rule on the serving step's figures, its measurement through the
+scheduler on a tiny model, and its cache."""
 
 from __future__ import annotations
 
-import itertools
+import json
 
 import pytest
 import torch
 
-from specserve.engine import dtype_choice
+from specserve.engine import dtype_choice, dtype_serving
+from specserve.engine.dtype_serving import ServingFigures, ServingMix
+from specserve.engine.lora_batch import takes_adapters
 from specserve.models.load import load_model
 
+FP32, BF16 = "torch.float32", "torch.bfloat16"
+# a tiny model's step: 16 rows at short contexts, a few steps (seconds in all, both dtypes)
+TINY_MIX = ServingMix(
+    prompt_tokens=(6, 9, 14, 20, 31, 40), new_tokens=16, steps=6, alone_steps=2, warmup_steps=1
+)
 
-def _cost(ms1: float, prefill: float, ms16: float | None = None) -> dtype_choice.DtypeCost:
-    ms = {1: ms1} | ({16: ms16} if ms16 is not None else {})
-    total = dtype_choice.request_ms(ms, prefill, dtype_choice.Workload())
-    return dtype_choice.DtypeCost(ms=ms, prefill_ms_per_token=prefill, request_ms=total)
+
+def _figures(tok_s: float, alone: float, rows: int = 16) -> ServingFigures:
+    return ServingFigures(
+        rows=rows, tok_s=tok_s, alone_tok_s=alone, steps=16, prefill_tokens=600, seconds=2.0
+    )
 
 
-def _choice(model_id: str, costs: dict, chosen: str) -> dtype_choice.DtypeChoice:
-    """A cached choice as `measure_choice` would write it, with made-up costs."""
+def _choice(model_id: str, costs: dict, chosen: str, rows: int = 16) -> dtype_choice.DtypeChoice:
+    """A cached choice as `measure_choice` would write it, with made-up figures."""
     return dtype_choice.DtypeChoice(
         model_id=model_id,
         device="cpu",
         threads=torch.get_num_threads(),
         torch_version=torch.__version__,
-        context=200,
-        workload=dtype_choice.Workload(),
+        workload=dtype_choice.Workload(rows=rows),
         costs=costs,
         chosen=chosen,
         reason="test",
     )
 
 
-def _slow_step_ms(ms: dict[int, float], rows: int) -> float:
-    """Reference: walk the measured points; interpolate on the segment holding rows."""
-    points = sorted(ms.items())
-    for (a, ya), (b, yb) in itertools.pairwise(points):
-        if a <= rows <= b:
-            return ya + (yb - ya) * (rows - a) / (b - a)
-    last, y = points[-1]
-    return y * rows / last if rows > last else points[0][1]
+def test_pick_never_takes_a_dtype_slower_under_load():
+    """The issue's machine: bf16 faster per plain forward and alone, slower at 16 rows."""
+    chosen, reason = dtype_choice.pick({FP32: _figures(34.3, 20.0), BF16: _figures(30.7, 32.0)})
+    assert chosen == FP32
+    assert reason.startswith("16-row serving step: bf16 30.7 tok/s, fp32 34.3 tok/s")
+    assert "1 row: bf16 32.0, fp32 20.0" in reason and "faster under load" in reason
 
 
-def test_step_ms_examples_and_reference():
-    ms = {1: 50.0, 4: 100.0, 16: 300.0}
-    assert dtype_choice.step_ms(ms, 10) == pytest.approx(200.0)
-    assert dtype_choice.step_ms(ms, 32) == pytest.approx(600.0)
-    for rows in range(1, 40):
-        assert dtype_choice.step_ms(ms, rows) == pytest.approx(_slow_step_ms(ms, rows)), rows
+def test_pick_takes_the_faster_dtype_under_load_past_the_margin():
+    chosen, reason = dtype_choice.pick({FP32: _figures(34.3, 28.0), BF16: _figures(40.0, 25.0)})
+    assert chosen == BF16 and "1.17x faster under load" in reason  # even if slower alone
+    chosen, reason = dtype_choice.pick({FP32: _figures(34.3, 28.0), BF16: _figures(35.5, 40.0)})
+    assert chosen == FP32 and "within 1.05x" in reason  # 1.035x: noise, fp32 is exact
+    chosen, reason = dtype_choice.pick({BF16: _figures(90.0, 30.0)})
+    assert chosen == BF16 and "only candidate" in reason
 
 
-def test_request_ms_examples():
-    alone = dtype_choice.Workload()
-    assert dtype_choice.request_ms({1: 60.0}, 2.4, alone) == pytest.approx(8400.0)
-    batched = dtype_choice.Workload(rows=16)
-    assert dtype_choice.request_ms({1: 60.0, 16: 160.0}, 2.4, batched) == pytest.approx(2000.0)
+def test_row_contexts_and_arrival_order_examples():
+    assert dtype_serving.row_contexts((10, 20, 30, 40), 2) == [20, 40]
+    assert dtype_serving.row_contexts((10, 20, 30, 40), 6) == [10, 20, 20, 30, 40, 40]
+    lengths = dtype_serving.SPECBENCH_PROMPT_TOKENS
+    assert dtype_serving.row_contexts(lengths, 16) == list(lengths)
+    assert dtype_serving.arrival_order((10, 20, 30, 100)) == [30, 20, 100, 10]
+    order = dtype_serving.arrival_order(lengths)
+    assert sorted(order) == sorted(lengths)
+    assert abs(sum(order[:2]) / 2 - sum(lengths) / len(lengths)) < 60  # a window's 2 arrivals
 
 
-def test_a_batch_can_flip_the_choice():
-    """bf16 on an AVX2-only core (session 8's curve shape): cheaper for one row, a row's cost
-    linear in the rows; fp32 rows nearly free. Alone bf16 wins; at 16 rows a step fp32 does."""
-    fp32, bf16 = "torch.float32", "torch.bfloat16"
-    costs = {fp32: _cost(98.0, 2.8, ms16=160.0), bf16: _cost(53.0, 2.8, ms16=311.0)}
-    choice = _choice("m", costs, bf16)
-    assert dtype_choice.pick(choice.costs)[0] == bf16
-    served = dtype_choice.for_workload(choice, dtype_choice.Workload(rows=16))
-    assert served.chosen == fp32 and "decode at 16 rows" in served.reason
-    assert served.costs[fp32].request_ms < served.costs[bf16].request_ms
-    assert served.costs[bf16].ms == choice.costs[bf16].ms  # nothing measured again
-    assert dtype_choice.for_workload(choice, dtype_choice.Workload()) is choice
-
-
-def test_pick_examples():
-    fp32, bf16 = "torch.float32", "torch.bfloat16"
-    chosen, reason = dtype_choice.pick({fp32: _cost(60, 2.45), bf16: _cost(38, 1.70)})
-    assert chosen == bf16 and "1.57x cheaper" in reason
-    chosen, reason = dtype_choice.pick({fp32: _cost(60, 2.45), bf16: _cost(58, 2.40)})
-    assert chosen == fp32 and "within 1.05x" in reason
-    # faster decode, far slower prefill (bf16 on an AVX2-only core): the request decides
-    chosen, reason = dtype_choice.pick({fp32: _cost(60, 2.45), bf16: _cost(50, 16.0)})
-    assert chosen == fp32 and "cheapest" in reason
-    assert dtype_choice.pick({bf16: _cost(22, 0.1)})[0] == bf16
+def test_contexts_are_cut_to_what_the_model_holds():
+    mix = dtype_serving.fitted(ServingMix(), 256)
+    assert max(mix.prompt_tokens) == 124 and mix.alone_context == 124
+    assert dtype_serving.fitted(ServingMix(), None) == ServingMix()
 
 
 def test_candidates_per_device():
@@ -94,25 +85,39 @@ def test_dtype_of():
         dtype_choice.dtype_of("torch.nothing")
 
 
-def test_measure_times_each_candidate(tiny_llama):
-    choice = dtype_choice.measure_choice(tiny_llama(0), "tiny", context=20, repeats=1)
-    assert set(choice.costs) == {"torch.float32", "torch.bfloat16"}
-    for cost in choice.costs.values():
-        assert set(cost.ms) == {1, 4, 16} and min(cost.ms.values()) > 0
-        assert cost.prefill_ms_per_token > 0
-        want = dtype_choice.request_ms(cost.ms, cost.prefill_ms_per_token, choice.workload)
-        assert cost.request_ms == pytest.approx(want, abs=0.1)
-    assert choice.chosen == dtype_choice.pick(choice.costs)[0]
+def test_measure_times_the_serving_step_of_each_candidate(tiny_llama):
+    """End to end on a tiny model: 16 rows through the scheduler (LoRA rows, arrivals prefilled
+    in chunks within the window), and 1 row; the model measured is left as it was."""
+    model = tiny_llama(0)
+    attention = model.config._attn_implementation
+    choice = dtype_choice.measure_choice(model, "tiny", mix=TINY_MIX)
+    assert set(choice.costs) == {FP32, BF16} and choice.workload.rows == 16
+    for figures in choice.costs.values():
+        assert figures.rows == 16 and figures.steps == TINY_MIX.steps
+        assert figures.tok_s > 0 and figures.alone_tok_s > 0
+        assert figures.prefill_tokens > 0  # finished rows were replaced and prefilled in-window
+        assert len(figures.windows) == TINY_MIX.rounds and figures.tok_s == max(figures.windows)
+    assert (choice.chosen, choice.reason) == dtype_choice.pick(choice.costs)
+    assert choice.reason.startswith("16-row serving step: bf16 ")
     assert choice.threads == torch.get_num_threads()
+    assert model.dtype == torch.float32 and not takes_adapters(model)
+    assert model.config._attn_implementation == attention
+
+
+def test_the_window_is_bounded_in_time(tiny_llama):
+    bounded = TINY_MIX.model_copy(update={"steps": 10_000, "seconds": 0.3, "rounds": 1})
+    figures = dtype_serving.measure_serving(tiny_llama(0), [torch.float32], bounded)[FP32]
+    assert 0 < figures.steps < 10_000 and figures.seconds < 5
 
 
 def test_auto_measures_once_then_reads_the_cache(tmp_path, save_tiny_model_dir, monkeypatch):
     model_dir = save_tiny_model_dir(tmp_path / "m")
     first = load_model(str(model_dir), device="cpu", dtype="auto", cache_dir=tmp_path)
-    assert first.dtype_choice is not None
+    assert first.dtype_choice is not None and first.dtype_choice.format == dtype_choice.FORMAT
     assert (
         str(first.dtype) == first.dtype_choice.chosen == str(next(first.model.parameters()).dtype)
     )
+    assert "16-row serving step" in first.dtype_choice.reason
     path = dtype_choice.choice_path(tmp_path, first.model_id, "cpu", torch.get_num_threads())
     assert path.exists()
 
@@ -125,11 +130,10 @@ def test_auto_measures_once_then_reads_the_cache(tmp_path, save_tiny_model_dir, 
 
 
 def test_auto_follows_a_cached_bf16_choice(tmp_path, save_tiny_model_dir):
-    """Whatever the cache says is what loads (here bf16, as on a Zen 4 core)."""
+    """Whatever the cache says is what loads (here bf16, as on a core with AMX)."""
     model_dir = save_tiny_model_dir(tmp_path / "m")
-    costs = {"torch.float32": _cost(60, 2.45), "torch.bfloat16": _cost(38, 1.7)}
-    choice = _choice(str(model_dir.resolve()), costs, "torch.bfloat16")
-    dtype_choice.save_choice(tmp_path, choice)
+    costs = {FP32: _figures(100.0, 28.0), BF16: _figures(150.0, 26.0)}
+    dtype_choice.save_choice(tmp_path, _choice(str(model_dir.resolve()), costs, BF16))
     loaded = load_model(str(model_dir), device="cpu", dtype="auto", cache_dir=tmp_path)
     assert loaded.dtype == torch.bfloat16
     assert next(loaded.model.parameters()).dtype == torch.bfloat16
@@ -137,29 +141,44 @@ def test_auto_follows_a_cached_bf16_choice(tmp_path, save_tiny_model_dir):
     assert exact.dtype == torch.float32 and exact.dtype_choice is None
 
 
-def test_a_cache_of_an_older_format_is_measured_again(tmp_path, save_tiny_model_dir):
+def _format3(model_id: str) -> dict:
+    """A cache `dtype_choice` FORMAT 3 wrote (plain forwards priced as a request)."""
+    cost = {"ms": {"1": 60.0, "4": 70.0, "16": 160.0}, "prefill_ms_per_token": 2.4}
+    return {
+        "format": 3,
+        "model_id": model_id,
+        "device": "cpu",
+        "threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "context": 200,
+        "workload": {"prompt_tokens": 300, "new_tokens": 128, "rows": 1},
+        "costs": {FP32: cost | {"request_ms": 8400.0}, BF16: cost | {"request_ms": 5000.0}},
+        "chosen": BF16,
+        "reason": "bf16 1.68x cheaper",
+    }
+
+
+@pytest.mark.parametrize("old", ["garbled", "format 3"])
+def test_a_cache_of_an_older_format_is_measured_again(tmp_path, save_tiny_model_dir, old):
     model_dir = save_tiny_model_dir(tmp_path / "m")
-    path = dtype_choice.choice_path(
-        tmp_path, str(model_dir.resolve()), "cpu", torch.get_num_threads()
-    )
+    model_id = str(model_dir.resolve())
+    path = dtype_choice.choice_path(tmp_path, model_id, "cpu", torch.get_num_threads())
     path.parent.mkdir(parents=True)
-    path.write_text('{"model_id": "x", "ms": {}}')
+    text = json.dumps(_format3(model_id)) if old == "format 3" else '{"model_id": "x", "ms": {}}'
+    path.write_text(text)
+    assert dtype_choice.cached_choice(tmp_path, model_id, "cpu") is None
     loaded = load_model(str(model_dir), device="cpu", dtype="auto", cache_dir=tmp_path)
     assert loaded.dtype_choice is not None and loaded.dtype_choice.format == dtype_choice.FORMAT
+    assert set(loaded.dtype_choice.costs[FP32].model_dump()) == set(ServingFigures.model_fields)
 
 
-def test_auto_prices_the_workload_it_is_given(tmp_path, save_tiny_model_dir):
-    """One cached measurement; a command (1 row) and a replica (16 rows) may load different
-    dtypes from it."""
+def test_a_choice_made_at_another_load_is_measured_again(tmp_path, save_tiny_model_dir):
     model_dir = save_tiny_model_dir(tmp_path / "m")
-    fp32, bf16 = "torch.float32", "torch.bfloat16"
-    costs = {fp32: _cost(98.0, 2.8, ms16=160.0), bf16: _cost(53.0, 2.8, ms16=311.0)}
-    choice = _choice(str(model_dir.resolve()), costs, bf16)
-    dtype_choice.save_choice(tmp_path, choice)
-    alone = load_model(str(model_dir), device="cpu", dtype="auto", cache_dir=tmp_path)
-    assert alone.dtype == torch.bfloat16
-    batched = dtype_choice.Workload(rows=16)
-    replica = load_model(
-        str(model_dir), device="cpu", dtype="auto", cache_dir=tmp_path, workload=batched
-    )
-    assert replica.dtype == torch.float32 and replica.dtype_choice.workload.rows == 16
+    model_id = str(model_dir.resolve())
+    costs = {FP32: _figures(10.0, 5.0, rows=4), BF16: _figures(20.0, 9.0, rows=4)}
+    dtype_choice.save_choice(tmp_path, _choice(model_id, costs, BF16, rows=4))
+    four = dtype_choice.Workload(rows=4)
+    assert dtype_choice.cached_choice(tmp_path, model_id, "cpu", four) is not None
+    assert dtype_choice.cached_choice(tmp_path, model_id, "cpu") is None  # 16 rows: not this one
+    replica = load_model(str(model_dir), device="cpu", dtype="auto", cache_dir=tmp_path)
+    assert replica.dtype_choice.workload.rows == 16 and replica.dtype_choice.reason != "test"
