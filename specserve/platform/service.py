@@ -192,6 +192,7 @@ class ModelService:
             "ongoing": self.ongoing,
             "cancelled": self.cancelled,
             **{f"batch_{k}": v for k, v in self.scheduler.stats().items()},
+            "invariant": self.engine.invariance.invariant,
             "adapters_resident": len(self.adapters.names),
             "adapter_resident_bytes": self.adapters.resident_bytes,
             "adapter_budget_bytes": self.adapters.budget_bytes,
@@ -424,5 +425,6 @@ class ModelService:
                 drafted_by_depth=result.drafted_by_depth,
                 accepted_by_depth=result.accepted_by_depth,
                 train_kind=decision.train_kind,
+                invariant=self.engine.invariance.invariant,
             ),
         )

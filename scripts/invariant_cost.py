@@ -1,0 +1,85 @@
+"""Cost of the position-invariant attention against the plain (row / sdpa) attention: one
+verify forward of k query rows (a chain draft) over a 300-token cache, paired and interleaved in
+one run, per width. Prints JSON. Usage: python scripts/invariant_cost.py [--dtype bfloat16]."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+import subprocess
+import time
+
+import torch
+
+from specserve.engine import hf_internals, invariance
+from specserve.engine.forward import verify_forward
+from specserve.engine.tree import Draft, DraftTree
+from specserve.models.load import load_model
+
+
+def _cpu() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    name = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if "Model name" in ln), "")
+    return f"{name} ({'avx512_bf16' if 'avx512_bf16' in out else 'no avx512_bf16'})"
+
+
+def _time(model, cache, past: int, width: int) -> float:
+    draft = Draft(DraftTree(tuple([7] * (width - 1)), tuple(range(-1, width - 2))))
+    start = time.perf_counter()
+    verify_forward(model, cache, past, [5], draft)
+    took = time.perf_counter() - start
+    hf_internals.keep_rows(cache, past, [])  # back to `past` positions
+    return took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--context", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    loaded = load_model(args.model, dtype=args.dtype)
+    plain = loaded.model
+    inv = copy.deepcopy(plain)
+    report = invariance.apply(inv)
+    hf_internals.enable_row_attention(plain)
+    prompt = list(range(100, 100 + args.context))
+    caches = {}
+    for name, model in (("plain", plain), ("invariant", inv)):
+        caches[name] = hf_internals.new_cache(model.config)
+        verify_forward(model, caches[name], 0, prompt, Draft())
+    rows = {}
+    for width in (1, 2, 4, 8, 16):
+        times = {"plain": [], "invariant": []}
+        for _ in range(args.repeats):
+            for name, model in (("plain", plain), ("invariant", inv)):
+                times[name].append(_time(model, caches[name], args.context, width))
+        ratio = [i / p for i, p in zip(times["invariant"], times["plain"], strict=True)]
+        rows[width] = {
+            "plain_ms": round(statistics.median(times["plain"]) * 1000, 2),
+            "invariant_ms": round(statistics.median(times["invariant"]) * 1000, 2),
+            "ratio_median": round(statistics.median(ratio), 3),
+        }
+    print(
+        json.dumps(
+            {
+                "cpu": _cpu(),
+                "machine": platform.machine(),
+                "dtype": args.dtype,
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "context": args.context,
+                "probe": report.model_dump(),
+                "widths": rows,
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
