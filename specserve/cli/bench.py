@@ -62,6 +62,7 @@ def cmd_bench(args) -> int:
         else {"chosen": str(loaded.dtype), "reason": f"--dtype {args.dtype}"}
     )
     report["compile"] = compile_record
+    report["invariance"] = engine.invariance.model_dump()  # invariant: one output per prefix
     if "ar" in totals:
         _check_contract(report, target, prompts, totals)
     report["cost_curve_ms"] = curve.ms

@@ -25,7 +25,7 @@ from specserve.engine.proposers import REGISTRY, Proposer, ProposerContext
 from specserve.engine.sampling import SamplingParams, target_probs
 from specserve.engine.seeded import seeded_accept
 from specserve.engine.textstream import TextStream
-from specserve.engine.tree import Draft, cap_draft, draft_width
+from specserve.engine.tree import Draft, cap_depth, cap_draft, draft_width
 from specserve.engine.verify import greedy_accept, sample_accept
 
 
@@ -221,8 +221,11 @@ class Engine:
         state.pending = state.pending[size:]
 
     def propose(self, state: RequestState, max_draft: int | None = None) -> Draft:
-        """The proposer's draft, cut to `max_draft` tokens (None: uncut; 0: no draft)."""
+        """The proposer's draft, cut to `max_draft` tokens (None: uncut; 0: no draft) and, on
+        the position-invariant forward, to what its attention takes (`hf_internals.DEPTH`)."""
         draft = state.proposer.propose(state.tokens)
+        if self.invariance.invariant:
+            draft = cap_depth(draft, hf_internals.DEPTH)
         return draft if max_draft is None else cap_draft(draft, max_draft)
 
     @staticmethod

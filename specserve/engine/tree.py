@@ -127,3 +127,19 @@ def cap_draft(draft: Draft, max_tokens: int) -> Draft:
     cut = DraftTree(tree.tokens[:keep], tree.parents[:keep], probs)
     aux = draft.aux if draft.aux and len(draft.aux) <= max_tokens - keep else None
     return Draft(cut, aux)
+
+
+def cap_depth(draft: Draft, depth: int) -> Draft:
+    """The draft without tree nodes deeper than `depth` (their ancestors all stay) and without
+    its aux branch if any aux token sits more than `depth` past the root; still lossless.
+    Example: a chain of 5 nodes, depth 3 -> its first 3 nodes."""
+    tree, aux = draft.tree, draft.aux
+    keep = [i for i, d in enumerate(tree.depths) if d <= depth]
+    if len(keep) < len(tree):
+        index = {old: new for new, old in enumerate(keep)}
+        parents = tuple(-1 if tree.parents[i] < 0 else index[tree.parents[i]] for i in keep)
+        probs = tree.draft_probs[keep] if tree.draft_probs is not None else None
+        tree = DraftTree(tuple(tree.tokens[i] for i in keep), parents, probs)
+    if aux is not None and max(aux.offsets, default=0) > depth:
+        aux = None
+    return Draft(tree, aux)

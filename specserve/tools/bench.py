@@ -261,6 +261,9 @@ def format_table(report: dict) -> str:
         )
     lines.append("(per task: tau/tok_s; same: identical to ar, tie: differs only at ties; ")
     lines.append(" eff: measured speedup over ar / (tau / relative cost of the padded widths))")
+    if "invariance" in report:
+        inv = report["invariance"]
+        lines.append(f"invariant: {str(inv['invariant']).lower()} ({inv['reason']})")
     return "\n".join(lines)
 
 

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from specserve.engine.tree import AuxBranch, Draft, DraftTree, cap_draft, draft_width
+from specserve.engine.tree import AuxBranch, Draft, DraftTree, cap_depth, cap_draft, draft_width
 
 
 def test_from_chains_docstring_example():
@@ -242,3 +242,13 @@ def test_cap_draft_random_is_a_valid_prefix_with_aligned_probs(seed):
         fits = a > 0 and a <= cap - keep
         assert (cut.aux is draft.aux) if fits else (cut.aux is None)
         assert (cut is draft) == (n + a <= cap)
+
+
+def test_cap_depth_drops_deeper_nodes_and_far_aux():
+    tree = DraftTree.from_chains([[1, 2, 3, 4], [1, 5], [6, 7, 8]])
+    capped = cap_depth(Draft(tree), 2)
+    assert capped.tree.tokens == (1, 2, 5, 6, 7)
+    assert capped.tree.parents == (-1, 0, 0, -1, 3)
+    aux = AuxBranch((9, 9), (1, 3), torch.ones(2, 2, dtype=torch.bool), (0, 1))
+    assert cap_depth(Draft(tree, aux), 2).aux is None
+    assert cap_depth(Draft(tree, aux), 3).aux is aux

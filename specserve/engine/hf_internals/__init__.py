@@ -42,6 +42,7 @@ from specserve.engine.hf_internals.cache import (
     write_row,
 )
 from specserve.engine.hf_internals.invariant import (
+    DEPTH,
     DraftTooDeep,
     InvariantLayout,
     invariant_attention,
@@ -56,6 +57,7 @@ from specserve.engine.hf_internals.windows import (
 )
 
 __all__ = [
+    "DEPTH",
     "ROW_ATTENTION",
     "DraftTooDeep",
     "GrowingLayer",

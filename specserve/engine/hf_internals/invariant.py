@@ -46,7 +46,8 @@ class InvariantLayout:
     flash_width: list[int]  # per batch row: columns the flash part reads (max S); 0: none
     flash_mask: list[torch.Tensor | None]  # per batch row: [1, 1, head_rows, width] additive
     tail_batch: torch.Tensor  # [R] batch row of each computed query row
-    tail_query: torch.Tensor  # [R] its query index
+    tail_rows: torch.Tensor  # [R] its flat index b * q + i
+    all_rows: bool  # R = b * q: every query row is computed
     tail_columns: torch.Tensor  # [R, TAIL] key columns of positions S..t in order (0-padded)
     tail_mask: torch.Tensor  # [R, 1, G', TAIL] additive: slots past t masked (G' >= 2)
     has_flash: torch.Tensor  # [R] bool: the row has keys before S
@@ -103,7 +104,8 @@ def layout(
         flash_width=widths,
         flash_mask=masks,
         tail_batch=batch_index.to(device),
-        tail_query=query_index.to(device),
+        tail_rows=(batch_index * q + query_index).to(device),
+        all_rows=len(batch_index) == allowed.shape[0] * q,
         tail_columns=columns.to(device),
         tail_mask=tail_mask.contiguous(),
         has_flash=(split[batch_index, query_index] > 0).to(device),
@@ -128,32 +130,34 @@ def invariant_attention(module, query, key, value, layout: InvariantLayout, scal
     """Attention of query [b, H, q, d] over key / value [b, KVH, columns, d] by `layout`;
     returns [b, q, H, d] (rows with no keys, padding the caller never reads, are zero)."""
     b, heads, q, d = query.shape
+    rows = layout.tail_rows  # [R] flat b * q + i of each computed query row
+    flash_out, flash_lse = _flash_part(query, key, value, layout, scaling)  # [R, KVH, G(, d)]
+    tail_out, tail_lse = _tail_part(query, key, value, layout, scaling)
+    merged = _merge(flash_out, flash_lse, tail_out, tail_lse).to(query.dtype)  # [R, KVH, G, d]
+    merged = merged.reshape(-1, heads * d)
+    if layout.all_rows:
+        return merged.reshape(b, q, heads, d)
+    out = query.new_zeros(b * q, heads * d)
+    return out.index_copy_(0, rows, merged).reshape(b, q, heads, d)
+
+
+def _flash_part(query, key, value, layout: InvariantLayout, scaling):
+    """Per batch row, the flash kernel over columns [0, S) of each query row (masked tail):
+    outputs [R, KVH, G, d] (float32, zero without keys) and log-sum-exp [R, KVH, G] (-inf)."""
+    b, _, q, d = query.shape
     kv_heads, group = key.shape[1], layout.heads_per_kv
     folded = query.reshape(b, kv_heads, group * q, d)  # [b, KVH, G q, d], head-major rows
     if layout.head_rows > group * q:
         folded = torch.cat([folded, folded[:, :, :1]], dim=2)
-    head_out, head_lse = _flash_part(folded, key, value, layout, scaling)
-    rows_b, rows_q = layout.tail_batch, layout.tail_query
-    picked = rows_q[:, None] + q * torch.arange(group, device=query.device)[None, :]  # [R, G]
-    flash_out = head_out[rows_b[:, None], :, picked].transpose(1, 2)  # [R, KVH, G, d]
-    flash_lse = head_lse[rows_b[:, None], :, picked].transpose(1, 2)  # [R, KVH, G]
-    tail_out, tail_lse = _tail_part(query, key, value, layout, scaling)
-    merged = _merge(flash_out, flash_lse, layout.has_flash, tail_out, tail_lse)  # [R, KVH, G, d]
-    out = query.new_zeros(b, q, heads, d)
-    out[rows_b, rows_q] = merged.reshape(-1, heads, d).to(query.dtype)
-    return out
-
-
-def _flash_part(folded, key, value, layout: InvariantLayout, scaling):
-    """Per batch row, the flash kernel over columns [0, S) of each query row (masked tail):
-    outputs [b, KVH, G q', d] (float32) and log-sum-exp [b, KVH, G q'] (-inf: no keys)."""
-    b, kv_heads, rows, d = folded.shape
-    out = folded.new_zeros(b, kv_heads, rows, d, dtype=torch.float32)
-    lse = folded.new_full((b, kv_heads, rows), float("-inf"), dtype=torch.float32)
+    outs, lses = [], []
     for row, width in enumerate(layout.flash_width):
         if width == 0:
+            outs.append(folded.new_zeros(1, kv_heads, layout.head_rows, d))
+            lses.append(
+                folded.new_full((1, kv_heads, layout.head_rows), float("-inf"), dtype=torch.float32)
+            )
             continue
-        o, row_lse = _flash(
+        o, lse = _flash(
             folded[row : row + 1],
             key[row : row + 1, :, :width],
             value[row : row + 1, :, :width],
@@ -162,33 +166,56 @@ def _flash_part(folded, key, value, layout: InvariantLayout, scaling):
             attn_mask=layout.flash_mask[row],
             scale=scaling,
         )[:2]
-        out[row], lse[row] = o[0], row_lse[0]
-    return out, lse
+        outs.append(o)
+        lses.append(lse)
+    out = outs[0] if b == 1 else torch.cat(outs)  # [b, KVH, G q', d]
+    lse = lses[0] if b == 1 else torch.cat(lses)
+    out = out[:, :, : group * q].reshape(b, kv_heads, group, q, d).permute(0, 3, 1, 2, 4)
+    lse = lse[:, :, : group * q].reshape(b, kv_heads, group, q).permute(0, 3, 1, 2)
+    out, lse = out.reshape(b * q, kv_heads, group, d), lse.reshape(b * q, kv_heads, group)
+    if not layout.all_rows:
+        out, lse = out.index_select(0, layout.tail_rows), lse.index_select(0, layout.tail_rows)
+    keyed = layout.has_flash[:, None, None]  # rows with keys before S (others: -inf, zero)
+    return torch.where(keyed[..., None], out, 0.0), torch.where(keyed, lse, float("-inf"))
 
 
 def _tail_part(query, key, value, layout: InvariantLayout, scaling):
     """Per computed query row, the flash kernel over its keys [S, t] gathered into position
     order (one batch entry each): outputs [R, KVH, G, d] and log-sum-exp [R, KVH, G]."""
-    d = query.shape[3]
+    b, heads, q, d = query.shape
     kv_heads, group = key.shape[1], layout.heads_per_kv
-    rows_b, rows_q = layout.tail_batch, layout.tail_query
-    queries = query[rows_b, :, rows_q].reshape(-1, kv_heads, group, d)  # [R, KVH, G, d]
+    queries = query.transpose(1, 2).reshape(b * q, heads, d)  # [b q, H, d]
+    if not layout.all_rows:
+        queries = queries.index_select(0, layout.tail_rows)
+    queries = queries.reshape(-1, kv_heads, group, d)  # [R, KVH, G, d]
     if group == 1:  # the flash kernel's lone-row path: compute the row twice
         queries = torch.cat([queries, queries], dim=2)
-    cols = layout.tail_columns  # [R, TAIL]
-    keys = key[rows_b[:, None], :, cols].transpose(1, 2)  # [R, KVH, TAIL, d]
-    values = value[rows_b[:, None], :, cols].transpose(1, 2)
+    keys, values = _gather(key, layout), _gather(value, layout)  # [R, KVH, TAIL, d]
     mask = layout.tail_mask
     o, lse = _flash(queries, keys, values, 0.0, False, attn_mask=mask, scale=scaling)[:2]
-    return o[:, :, :group].float(), lse[:, :, :group]
+    return o[:, :, :group], lse[:, :, :group]
 
 
-def _merge(flash_out, flash_lse, has_flash, tail_out, tail_lse) -> torch.Tensor:
-    """Two softmax partials (normalized outputs and their log-sum-exp) into one, in float32;
-    rows without a flash part take the tail alone. Example: equal lse -> the mean of the two."""
-    flash_lse = torch.where(has_flash[:, None, None], flash_lse, float("-inf"))
-    top = torch.maximum(flash_lse, tail_lse)  # [R, KVH, G]; the tail always holds the row itself
-    w_flash = torch.exp(flash_lse - top)[..., None]
-    w_tail = torch.exp(tail_lse - top)[..., None]
-    flash_out = torch.where(has_flash[:, None, None, None], flash_out, 0.0)
-    return (w_flash * flash_out + w_tail * tail_out) / (w_flash + w_tail)
+def _gather(states: torch.Tensor, layout: InvariantLayout) -> torch.Tensor:
+    """[R, KVH, TAIL, d]: row r's entries at columns tail_columns[r] of batch row tail_batch[r]
+    (one index_select over the entries' storage rows: strides are multiples of d)."""
+    batch_stride, head_stride, column_stride, one = states.stride()
+    d, kv_heads = states.shape[3], states.shape[1]
+    if one != 1 or column_stride != d or batch_stride % d or head_stride % d:
+        states = states.contiguous()
+        batch_stride, head_stride, column_stride, _ = states.stride()
+    heads = torch.arange(kv_heads, device=states.device) * (head_stride // d)  # [KVH]
+    base = layout.tail_batch * (batch_stride // d)  # [R]
+    index = base[:, None, None] + heads[None, :, None] + layout.tail_columns[:, None, :]
+    top = int(index.max()) + 1
+    flat = states.as_strided((top, d), (d, 1), states.storage_offset())
+    return flat.index_select(0, index.reshape(-1)).reshape(*index.shape, d)
+
+
+def _merge(flash_out, flash_lse, tail_out, tail_lse) -> torch.Tensor:
+    """Two softmax partials (normalized outputs and their log-sum-exp) into one, in float32:
+    flash + w (tail - flash) with w = sigmoid(lse_tail - lse_flash), the tail's share; a row
+    with no flash part (-inf, zero output) takes the tail alone. Example: equal lse -> the mean."""
+    share = torch.sigmoid(tail_lse - flash_lse)[..., None]  # [R, KVH, G, 1]
+    flash = flash_out.float()
+    return flash + share * (tail_out.float() - flash)
