@@ -13,7 +13,7 @@ positions 64..100 gathered (whether they sit in the cache or in this forward's t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -51,6 +51,7 @@ class InvariantLayout:
     tail_columns: torch.Tensor  # [R, TAIL] key columns of positions S..t in order (0-padded)
     tail_mask: torch.Tensor  # [R, 1, G', TAIL] additive: slots past t masked (G' >= 2)
     has_flash: torch.Tensor  # [R] bool: the row has keys before S
+    gather_index: dict = field(default_factory=dict)  # (strides) -> flat index (`_gather`)
 
 
 def _head_rows(heads_per_kv: int, q: int) -> int:
@@ -198,18 +199,23 @@ def _tail_part(query, key, value, layout: InvariantLayout, scaling):
 
 def _gather(states: torch.Tensor, layout: InvariantLayout) -> torch.Tensor:
     """[R, KVH, TAIL, d]: row r's entries at columns tail_columns[r] of batch row tail_batch[r]
-    (one index_select over the entries' storage rows: strides are multiples of d)."""
+    (one index_select over the entries' storage rows: strides are multiples of d; the index is
+    built once per forward and stride pattern, as every layer's cache shares its layout)."""
+    b, kv_heads, columns, d = states.shape
     batch_stride, head_stride, column_stride, one = states.stride()
-    d, kv_heads = states.shape[3], states.shape[1]
     if one != 1 or column_stride != d or batch_stride % d or head_stride % d:
         states = states.contiguous()
         batch_stride, head_stride, column_stride, _ = states.stride()
-    heads = torch.arange(kv_heads, device=states.device) * (head_stride // d)  # [KVH]
-    base = layout.tail_batch * (batch_stride // d)  # [R]
-    index = base[:, None, None] + heads[None, :, None] + layout.tail_columns[:, None, :]
-    top = int(index.max()) + 1
+    key = (batch_stride, head_stride, d)
+    index = layout.gather_index.get(key)
+    if index is None:
+        heads = torch.arange(kv_heads, device=states.device) * (head_stride // d)  # [KVH]
+        base = layout.tail_batch * (batch_stride // d)  # [R]
+        index = base[:, None, None] + heads[None, :, None] + layout.tail_columns[:, None, :]
+        index = layout.gather_index[key] = index.reshape(-1)  # [R KVH TAIL]
+    top = ((b - 1) * batch_stride + (kv_heads - 1) * head_stride) // d + columns
     flat = states.as_strided((top, d), (d, 1), states.storage_offset())
-    return flat.index_select(0, index.reshape(-1)).reshape(*index.shape, d)
+    return flat.index_select(0, index).reshape(-1, kv_heads, TAIL, d)
 
 
 def _merge(flash_out, flash_lse, tail_out, tail_lse) -> torch.Tensor:
