@@ -38,19 +38,18 @@ def split_point(positions: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class InvariantLayout:
     """What every attention layer of one forward needs, built once (`layout`); G query heads
-    share a key/value head, and a batch row's G * q query rows are head-major (g * q + i)."""
+    share a key/value head, and a batch row's G * q query rows are head-major (g * q + i).
+    Every query row is computed (R = b * q, row r = b * q + i)."""
 
     heads_per_kv: int  # G
     queries: int  # q query rows per batch row
     head_rows: int  # G * q, padded so no flash query block holds a single row
     flash_width: list[int]  # per batch row: columns the flash part reads (max S); 0: none
     flash_mask: list[torch.Tensor | None]  # per batch row: [1, 1, head_rows, width] additive
-    tail_batch: torch.Tensor  # [R] batch row of each computed query row
-    tail_rows: torch.Tensor  # [R] its flat index b * q + i
-    all_rows: bool  # R = b * q: every query row is computed
+    tail_batch: torch.Tensor  # [R] batch row of each query row
     tail_columns: torch.Tensor  # [R, TAIL] key columns of positions S..t in order (0-padded)
     tail_mask: torch.Tensor  # [R, 1, G', TAIL] additive: slots past t masked (G' >= 2)
-    has_flash: torch.Tensor  # [R] bool: the row has keys before S
+    keyless: torch.Tensor | None  # [b, 1, 1, q] rows without keys before S (None: no such row)
     gather_index: dict = field(default_factory=dict)  # (strides) -> flat index (`_gather`)
 
 
@@ -68,58 +67,57 @@ def layout(
     """The layout of a forward whose query rows [b, q] sit at `positions` and may attend the key
     columns `allowed` [b, q, columns] marks. Every row must see columns [0, S(t)) (its held
     positions, in order) and at most TAIL columns from S(t) on; raises `DraftTooDeep` otherwise."""
-    q = allowed.shape[1]
+    b, q, _ = allowed.shape
     split = split_point(positions)  # [b, q]
     head_rows = _head_rows(heads_per_kv, q)
     widths = split.amax(dim=1).tolist()  # [b]
-    masks: list[torch.Tensor | None] = []
-    for row, width in enumerate(widths):
-        if width == 0:
-            masks.append(None)
-            continue
-        keep = torch.arange(width)[None, :] < split[row][:, None]  # [q, width]
-        _check_prefix(allowed[row, :, :width], keep)
-        rows = keep.repeat(heads_per_kv, 1)  # [G * q, width], head-major
-        if head_rows > rows.shape[0]:
-            rows = torch.cat([rows, rows[:1]])
-        masks.append(_additive(rows, dtype, device)[None, None])
+    masks = [
+        _flash_mask(allowed[r], split[r], w, heads_per_kv, head_rows, dtype, device)
+        for r, w in enumerate(widths)
+    ]
     tail = allowed & (torch.arange(allowed.shape[2])[None, None, :] >= split[..., None])
-    counts = tail.sum(dim=2)  # [b, q]
+    counts = tail.sum(dim=2).reshape(-1)  # [R]
     if int(counts.max()) > TAIL:
         raise DraftTooDeep(
             f"a query row attends {int(counts.max())} keys past its split point; the invariant "
             f"attention takes at most {TAIL} (drafts up to {DEPTH} positions deep)"
         )
-    batch_index, query_index = torch.nonzero(counts > 0, as_tuple=True)  # [R]
-    order = torch.sort((~tail[batch_index, query_index]).to(torch.int8), dim=1, stable=True)
+    order = torch.sort((~tail.reshape(b * q, -1)).to(torch.int8), dim=1, stable=True)
     columns = order.indices[:, :TAIL]  # allowed columns first, in column (= position) order
     columns = torch.nn.functional.pad(columns, (0, TAIL - columns.shape[1]))  # short caches
-    slots = torch.arange(TAIL)[None, :] < counts[batch_index, query_index][:, None]  # [R, TAIL]
+    slots = torch.arange(TAIL)[None, :] < counts[:, None]  # [R, TAIL]
     columns = torch.where(slots, columns, 0)
     group = max(heads_per_kv, 2)  # the flash kernel's lone-row path again: never one query row
     tail_mask = _additive(slots, dtype, device)[:, None, None, :].expand(-1, 1, group, -1)
+    keyless = (split == 0) & (torch.tensor(widths) > 0)[:, None]  # flash rows fully masked
     return InvariantLayout(
         heads_per_kv=heads_per_kv,
         queries=q,
         head_rows=head_rows,
         flash_width=widths,
         flash_mask=masks,
-        tail_batch=batch_index.to(device),
-        tail_rows=(batch_index * q + query_index).to(device),
-        all_rows=len(batch_index) == allowed.shape[0] * q,
+        tail_batch=torch.arange(b).repeat_interleave(q).to(device),
         tail_columns=columns.to(device),
         tail_mask=tail_mask.contiguous(),
-        has_flash=(split[batch_index, query_index] > 0).to(device),
+        keyless=keyless[:, None, None, :].to(device) if bool(keyless.any()) else None,
     )
 
 
-def _check_prefix(allowed: torch.Tensor, keep: torch.Tensor) -> None:
-    """Each row's columns before its split point must all be allowed (its held positions)."""
-    if bool((keep & ~allowed).any()):
+def _flash_mask(allowed, split, width: int, group: int, head_rows: int, dtype, device):
+    """One batch row's flash mask [1, 1, head_rows, width]: query row i keeps [0, split[i])
+    (which it must see: its held positions); None when the row reads no columns."""
+    if width == 0:
+        return None
+    keep = torch.arange(width)[None, :] < split[:, None]  # [q, width]
+    if bool((keep & ~allowed[:, :width]).any()):
         raise DraftTooDeep(
             "a query row does not see every position before its split point: its row's held "
             f"positions end less than {DEPTH} before it"
         )
+    rows = keep.repeat(group, 1)  # [G * q, width], head-major
+    if head_rows > rows.shape[0]:
+        rows = torch.cat([rows, rows[:1]])
+    return _additive(rows, dtype, device)[None, None]
 
 
 def _additive(allowed: torch.Tensor, dtype, device) -> torch.Tensor:
@@ -129,22 +127,21 @@ def _additive(allowed: torch.Tensor, dtype, device) -> torch.Tensor:
 
 def invariant_attention(module, query, key, value, layout: InvariantLayout, scaling=None):
     """Attention of query [b, H, q, d] over key / value [b, KVH, columns, d] by `layout`;
-    returns [b, q, H, d] (rows with no keys, padding the caller never reads, are zero)."""
+    returns [b, q, H, d]. The merge is one lerp per element: flash + w (tail - flash) with
+    w = sigmoid(lse_tail - lse_flash), the tail's share (1 for a row without keys before S)."""
     b, heads, q, d = query.shape
-    rows = layout.tail_rows  # [R] flat b * q + i of each computed query row
-    flash_out, flash_lse = _flash_part(query, key, value, layout, scaling)  # [R, KVH, G(, d)]
+    kv_heads, group = key.shape[1], layout.heads_per_kv
+    flash_out, flash_lse = _flash_part(query, key, value, layout, scaling)  # [b, KVH, G, q(, d)]
     tail_out, tail_lse = _tail_part(query, key, value, layout, scaling)
-    merged = _merge(flash_out, flash_lse, tail_out, tail_lse).to(query.dtype)  # [R, KVH, G, d]
-    merged = merged.reshape(-1, heads * d)
-    if layout.all_rows:
-        return merged.reshape(b, q, heads, d)
-    out = query.new_zeros(b * q, heads * d)
-    return out.index_copy_(0, rows, merged).reshape(b, q, heads, d)
+    share = torch.sigmoid(tail_lse - flash_lse)[..., None].to(query.dtype)  # [b, KVH, G, q, 1]
+    out = query.new_empty(b, q, kv_heads, group, d)
+    torch.lerp(flash_out, tail_out, share, out=out.permute(0, 2, 3, 1, 4))
+    return out.view(b, q, heads, d)
 
 
 def _flash_part(query, key, value, layout: InvariantLayout, scaling):
     """Per batch row, the flash kernel over columns [0, S) of each query row (masked tail):
-    outputs [R, KVH, G, d] (float32, zero without keys) and log-sum-exp [R, KVH, G] (-inf)."""
+    outputs [b, KVH, G, q, d] (zero without keys) and log-sum-exp [b, KVH, G, q] (-inf)."""
     b, _, q, d = query.shape
     kv_heads, group = key.shape[1], layout.heads_per_kv
     folded = query.reshape(b, kv_heads, group * q, d)  # [b, KVH, G q, d], head-major rows
@@ -154,9 +151,7 @@ def _flash_part(query, key, value, layout: InvariantLayout, scaling):
     for row, width in enumerate(layout.flash_width):
         if width == 0:
             outs.append(folded.new_zeros(1, kv_heads, layout.head_rows, d))
-            lses.append(
-                folded.new_full((1, kv_heads, layout.head_rows), float("-inf"), dtype=torch.float32)
-            )
+            lses.append(folded.new_full((1, kv_heads, layout.head_rows), -torch.inf).float())
             continue
         o, lse = _flash(
             folded[row : row + 1],
@@ -171,30 +166,26 @@ def _flash_part(query, key, value, layout: InvariantLayout, scaling):
         lses.append(lse)
     out = outs[0] if b == 1 else torch.cat(outs)  # [b, KVH, G q', d]
     lse = lses[0] if b == 1 else torch.cat(lses)
-    out = out[:, :, : group * q].reshape(b, kv_heads, group, q, d).permute(0, 3, 1, 2, 4)
-    lse = lse[:, :, : group * q].reshape(b, kv_heads, group, q).permute(0, 3, 1, 2)
-    out, lse = out.reshape(b * q, kv_heads, group, d), lse.reshape(b * q, kv_heads, group)
-    if not layout.all_rows:
-        out, lse = out.index_select(0, layout.tail_rows), lse.index_select(0, layout.tail_rows)
-    keyed = layout.has_flash[:, None, None]  # rows with keys before S (others: -inf, zero)
-    return torch.where(keyed[..., None], out, 0.0), torch.where(keyed, lse, float("-inf"))
+    out = out[:, :, : group * q].view(b, kv_heads, group, q, d)
+    lse = lse[:, :, : group * q].view(b, kv_heads, group, q)
+    if layout.keyless is not None:  # the kernel gives such rows lse 0: they have no keys
+        lse = lse.masked_fill(layout.keyless, -torch.inf)
+    return out, lse
 
 
 def _tail_part(query, key, value, layout: InvariantLayout, scaling):
-    """Per computed query row, the flash kernel over its keys [S, t] gathered into position
-    order (one batch entry each): outputs [R, KVH, G, d] and log-sum-exp [R, KVH, G]."""
-    b, heads, q, d = query.shape
+    """Per query row, the flash kernel over its keys [S, t] gathered into position order (one
+    batch entry each): outputs [b, KVH, G, q, d] and log-sum-exp [b, KVH, G, q] (views)."""
+    b, _, q, d = query.shape
     kv_heads, group = key.shape[1], layout.heads_per_kv
-    queries = query.transpose(1, 2).reshape(b * q, heads, d)  # [b q, H, d]
-    if not layout.all_rows:
-        queries = queries.index_select(0, layout.tail_rows)
-    queries = queries.reshape(-1, kv_heads, group, d)  # [R, KVH, G, d]
+    queries = query.transpose(1, 2).reshape(b * q, kv_heads, group, d)  # [R, KVH, G, d]
     if group == 1:  # the flash kernel's lone-row path: compute the row twice
         queries = torch.cat([queries, queries], dim=2)
     keys, values = _gather(key, layout), _gather(value, layout)  # [R, KVH, TAIL, d]
     mask = layout.tail_mask
     o, lse = _flash(queries, keys, values, 0.0, False, attn_mask=mask, scale=scaling)[:2]
-    return o[:, :, :group], lse[:, :, :group]
+    o = o[:, :, :group].view(b, q, kv_heads, group, d).permute(0, 2, 3, 1, 4)
+    return o, lse[:, :, :group].view(b, q, kv_heads, group).permute(0, 2, 3, 1)
 
 
 def _gather(states: torch.Tensor, layout: InvariantLayout) -> torch.Tensor:
@@ -216,12 +207,3 @@ def _gather(states: torch.Tensor, layout: InvariantLayout) -> torch.Tensor:
     top = ((b - 1) * batch_stride + (kv_heads - 1) * head_stride) // d + columns
     flat = states.as_strided((top, d), (d, 1), states.storage_offset())
     return flat.index_select(0, index).reshape(-1, kv_heads, TAIL, d)
-
-
-def _merge(flash_out, flash_lse, tail_out, tail_lse) -> torch.Tensor:
-    """Two softmax partials (normalized outputs and their log-sum-exp) into one, in float32:
-    flash + w (tail - flash) with w = sigmoid(lse_tail - lse_flash), the tail's share; a row
-    with no flash part (-inf, zero output) takes the tail alone. Example: equal lse -> the mean."""
-    share = torch.sigmoid(tail_lse - flash_lse)[..., None]  # [R, KVH, G, 1]
-    flash = flash_out.float()
-    return flash + share * (tail_out.float() - flash)
