@@ -94,18 +94,23 @@ def _upto(tile: int) -> tuple[int, ...]:
 
 
 def first_variant_rows(in_f: int, out_f: int, dtype, rows) -> int | None:
-    """The first M in `rows` whose product's rows differ from the 1-row products (first, last
-    and a middle row), or None. Random data of this shape and dtype."""
-    gen = torch.Generator().manual_seed(0)
+    """The first M in `rows` for which some row of the M-row product differs from that row's
+    1-row product (every row checked), or None. Random data of this shape and dtype; the 1-row
+    products are computed once (cached per shape)."""
     top = max(rows)
+    x, w, single = _singles(in_f, out_f, dtype, top)
+    for m in rows:
+        if not torch.equal(F.linear(x[:m], w), single[:m]):
+            return m
+    return None
+
+
+@functools.lru_cache(maxsize=32)
+def _singles(in_f: int, out_f: int, dtype, top: int):
+    gen = torch.Generator().manual_seed(0)
     w = torch.randn(out_f, in_f, generator=gen).to(dtype)
     x = torch.randn(top, in_f, generator=gen).to(dtype)
-    for m in rows:
-        y = F.linear(x[:m], w)
-        for i in {0, m // 2, m - 1}:
-            if not torch.equal(y[i], F.linear(x[i : i + 1], w)[0]):
-                return m
-    return None
+    return x, w, torch.cat([F.linear(x[i : i + 1], w) for i in range(top)])
 
 
 def attention_invariant(heads: int, kv_heads: int, head_dim: int, dtype) -> bool:
