@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
 
@@ -21,7 +21,15 @@ from specserve.engine.batch_settings import BatchSettings
 from specserve.paths import config_file, default_cache_dir
 
 ENV_ONLY = frozenset(
-    {"admin_token", "tenant_keys", "redis_url", "pool_redis_url", "cache_dir", "fault_injection"}
+    {
+        "admin_token",
+        "tenant_keys",
+        "redis_url",
+        "pool_redis_url",
+        "redis_embedded",
+        "cache_dir",
+        "fault_injection",
+    }
 )
 
 
@@ -51,6 +59,7 @@ class Environment(BaseSettings):
     tenant_keys_file: Path | None = Field(None, validation_alias="SPECSERVE_TENANT_KEYS_FILE")
     redis_url: SecretStr | None = Field(None, validation_alias="REDIS_URL")
     pool_redis_url: SecretStr | None = Field(None, validation_alias="SPECSERVE_POOL_REDIS_URL")
+    redis_embedded: bool = Field(False, validation_alias="SPECSERVE_REDIS_EMBEDDED")
     cache_dir: Path | None = Field(None, validation_alias="SPECSERVE_CACHE")
     policy_file: Path | None = Field(None, validation_alias="SPECSERVE_POLICY_FILE")
     adapter_root: Path | None = Field(None, validation_alias="SPECSERVE_ADAPTER_ROOT")
@@ -74,6 +83,7 @@ class Environment(BaseSettings):
             "tenant_keys": TenantKeys.from_file(self.tenant_keys_file),
             "redis_url": _plain(self.redis_url),
             "pool_redis_url": _plain(self.pool_redis_url or self.redis_url),
+            "redis_embedded": self.redis_embedded,
             "cache_dir": self.cache_dir,
             "fault_injection": self.fault_injection,
         }
@@ -183,6 +193,12 @@ class PlatformSettings(BaseModel):
         description="drain: after SIGTERM/SIGINT (or a replica's graceful stop) new requests get "
         "503 + Retry-After and in-flight ones have this long to finish; the rest end with an error",
     )
+    store: Literal["redis", "memory"] = Field(
+        "redis",
+        description="where the registry and the n-gram pools live. redis: REDIS_URL (under "
+        "`specserve up` without it: a private redis-server, refused when there is none); memory: "
+        "an in-cluster memory store that keeps nothing (a test and dev aid; `up --store memory`)",
+    )
     torch_threads: int | None = Field(
         None,
         ge=1,
@@ -195,6 +211,7 @@ class PlatformSettings(BaseModel):
     tenant_keys: TenantKeys = TenantKeys()
     redis_url: str | None = None
     pool_redis_url: str | None = None
+    redis_embedded: bool = False  # REDIS_URL is the private redis-server of `specserve up`
     cache_dir: Path | None = None
     fault_injection: bool = False  # POST /admin/faults (the fault suite); never in production
 
@@ -209,6 +226,12 @@ class PlatformSettings(BaseModel):
         if unknown:
             raise ValueError(f"unknown application args {sorted(unknown)}; valid: {valid}")
         return cls.model_validate(values | Environment.read(env).platform_values())
+
+    @model_validator(mode="after")
+    def _one_store(self) -> PlatformSettings:
+        if self.store == "memory" and self.redis_url:
+            raise ValueError("store: memory and REDIS_URL are both set: unset one of them")
+        return self
 
     def resolved_torch_threads(self) -> int:
         if self.torch_threads is not None:

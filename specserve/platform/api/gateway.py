@@ -75,6 +75,8 @@ class Gateway:
         self.acceptance = AcceptanceRecorder(registry).start()
         self.drain = Drain()  # begun by the platform's stop (rayserve/drain.py) or a test
         self._store_ok = (0.0, True, "")  # (checked_at, ok, error)
+        self._serving: tuple[float, dict] = (-1e9, {})  # (checked_at, per model) of `serving`
+        self._store_durable: bool | None = None  # the store's answer at the last good check
 
     def resolve(self, model: str, api_key: str | None) -> tuple[str, Target]:
         return self.resolver.resolve(model, api_key)
@@ -200,13 +202,39 @@ class Gateway:
         except StoreError as err:
             log.warning("could not queue %s training for %s@%s: %s", kind, name, version, err)
 
+    async def serving(self) -> dict[str, dict]:
+        """Per base model, how its replicas serve: dtype and whether the forward is the
+        position-invariant one (one output per request whatever the batch), from replica stats
+        refreshed at most every 10 s, each call bounded to 2 s ({} until a replica answers)."""
+        checked_at, facts = self._serving
+        if time.monotonic() - checked_at > 10.0:
+            try:
+                stats = await asyncio.wait_for(self.backend.replica_stats(), 2.0)
+            except TimeoutError:
+                stats = {}
+            fresh = {
+                replica.split("/")[0]: {
+                    "dtype": figures.get("dtype"),
+                    "invariant": figures.get("invariant"),
+                    "invariant_reason": figures.get("invariant_reason"),
+                }
+                for replica, figures in stats.items()
+            }
+            facts = fresh or facts
+            self._serving = (time.monotonic(), facts)
+        return facts
+
     def health(self) -> dict:
-        """Cheap: the store is pinged at most every 2 s; always answers (degraded, not down)."""
+        """Cheap: the store is pinged at most every 2 s; always answers (degraded, not down).
+        `store_kind` (redis-external | redis-embedded | memory) and `durable` (whether the
+        registry survives a restart of its store; null: unknown) name the store."""
         checked_at, ok, error = self._store_ok
         if time.monotonic() - checked_at > 2.0:
+            store = self.registry.store
             try:
-                self.registry.store.ping()
+                store.ping()
                 ok, error = True, ""
+                self._store_durable = store.durable()
             except StoreError as err:  # the address and cause go to the log, not to callers
                 ok, error = False, "unreachable"
                 log.warning("registry store unreachable: %s", err)
@@ -215,8 +243,17 @@ class Gateway:
         body = {
             "status": "draining" if self.drain.draining else "ok" if ok else "degraded",
             "store": "ok" if ok else error,
+            "store_kind": self.store_kind(),
+            "durable": self._store_durable,
         }
         return body | {"models": self.settings.models, "inflight": dict(self.inflight)}
+
+    def store_kind(self) -> str:
+        """What the registry's store is: the memory store (in-process or an actor's) whatever
+        the settings say, else the Redis `specserve up` started or one given by REDIS_URL."""
+        if self.registry.store.kind == "memory":
+            return "memory"
+        return "redis-embedded" if self.settings.redis_embedded else "redis-external"
 
 
 def create_app(gateway: Gateway, *routers) -> FastAPI:

@@ -64,6 +64,7 @@ def openai_router(gateway: Gateway) -> APIRouter:
     @router.get("/healthz", responses=HEALTH_ERRORS)
     async def healthz():
         body = await asyncio.to_thread(gateway.health)
+        body["serving"] = await gateway.serving()  # dtype, invariant: true|false per model
         # draining: load balancers and readiness probes take this replica out of rotation
         return JSONResponse(body, status_code=503 if body["status"] == "draining" else 200)
 

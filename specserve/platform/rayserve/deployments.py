@@ -63,7 +63,6 @@ class ModelServer:
         self.dtype = {"dtype": str(loaded.dtype)} | (
             {"dtype_reason": loaded.dtype_choice.reason} if loaded.dtype_choice else {}
         )
-        self.dtype["invariant_reason"] = self.service.engine.invariance.reason
         _, pool_store = platform_stores(settings)
         self.sync = PoolSync(pool_store, self.service.pools, base_model=model_id).start()
         # the batched forward compiles in the background (minutes on a CPU); eager until warm

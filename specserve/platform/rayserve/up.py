@@ -1,6 +1,7 @@
 """`specserve up`: the whole platform on this machine — the store (REDIS_URL, else a private,
-supervised redis-server with its AOF under the cache), a local Ray, and the Serve application of
-specserve/configs/serve.yaml on one port."""
+supervised redis-server with its AOF under the cache; no binary: an error saying how to get one;
+the in-cluster memory store only when asked for, `--store memory`), a local Ray, and the Serve
+application of specserve/configs/serve.yaml on one port."""
 
 from __future__ import annotations
 
@@ -50,6 +51,37 @@ def load_serve_config(path: Path) -> tuple[dict, list[dict], dict]:
     )
 
 
+def open_store(settings, cache_dir: Path, log=print):
+    """The store `up` runs on, said in one log line with its kind and whether it is durable:
+    (Stores to close at the end or None, env for every process of the app). Raises
+    `NoRedisServer` (its message says how to get one) when Redis is asked for and none exists."""
+    from specserve.platform.state.embedded import StoreSettings, resolve_store
+
+    if settings.store == "memory":
+        log(
+            "store: memory (in-cluster, durable: no: variants and pools are lost when `up` "
+            "stops; chosen with --store memory / store: memory)"
+        )
+        return None, {"SPECSERVE_REDIS_EMBEDDED": "0"}
+    stores = resolve_store(
+        StoreSettings(
+            redis_url=settings.redis_url,
+            pool_redis_url=settings.pool_redis_url,
+            embedded_data_dir=embedded_redis_dir(cache_dir),
+        )
+    )
+    durable = {True: "yes", False: "no", None: "unknown"}[stores.durable()]
+    if stores.embedded is not None:
+        server = stores.embedded
+        log(
+            f"store: {stores.describe()} (durable: {durable}, AOF in {server.data_dir}; "
+            f"server {server.binary})"
+        )
+        return stores, {"REDIS_URL": stores.redis_url, "SPECSERVE_REDIS_EMBEDDED": "1"}
+    log(f"store: {stores.describe()} (durable: {durable})")
+    return stores, {"SPECSERVE_REDIS_EMBEDDED": "0"}
+
+
 def up(
     config: Path,
     host: str,
@@ -59,9 +91,12 @@ def up(
     log=print,
     ready=None,
     stop: threading.Event | None = None,
+    store: str | None = None,
 ) -> int:
     """Start everything, block until SIGINT/SIGTERM (or `stop`), drain (new requests 503,
-    in-flight ones get `shutdown_timeout_s`), then tear down in reverse."""
+    in-flight ones get `shutdown_timeout_s`), then tear down in reverse. `store`: "redis" or
+    "memory" over the config's `store` arg. Without a Redis (and no memory store asked for): the
+    error, said in the log, and 2 before anything else starts."""
     import ray
     from ray import serve
 
@@ -69,21 +104,19 @@ def up(
     from specserve.platform.rayserve import loopback
     from specserve.platform.rayserve.deployments import build_app
     from specserve.platform.settings import PlatformSettings
-    from specserve.platform.state.embedded import StoreSettings, resolve_store
+    from specserve.platform.state.embedded import NoRedisServer
 
     args, deployments, _ = load_serve_config(config)
+    if store is not None:
+        args["store"] = store
     settings = PlatformSettings.from_args(args)
-    env = {"SPECSERVE_CACHE": str(cache_dir)}
+    try:
+        stores, store_env = open_store(settings, cache_dir, log)
+    except NoRedisServer as err:
+        log(f"error: {err}")
+        return 2
+    env = {"SPECSERVE_CACHE": str(cache_dir)} | store_env
     env["SPECSERVE_ADMIN_TOKEN"] = ensure_admin_token(cache_dir, dict(os.environ))
-    stores = None
-    if not settings.redis_url:
-        stores = resolve_store(StoreSettings(embedded_data_dir=embedded_redis_dir(cache_dir)))
-        if stores.redis_url:
-            env["REDIS_URL"] = stores.redis_url
-            where = f"{stores.describe()}, AOF in {stores.embedded.data_dir}"
-            log(f"store: private redis-server at {where}")
-        else:
-            log("store: no redis-server binary; an in-cluster memory store (state is lost on exit)")
     for model in settings.models:
         if model not in settings.model_dirs:
             pull_model(model, cache_dir, progress=log)

