@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from pydantic import BaseModel
 
-from specserve.engine import families, hf_internals, invariance
+from specserve.engine import families, hf_internals, invariance, row_tiles
 from specserve.engine.forward import ForwardOutput, verify_forward
 from specserve.engine.logprobs import TokenLogprob, logprob_rows, step_logprobs
 from specserve.engine.lora_batch import check_adapters
@@ -123,6 +123,7 @@ class Engine:
         `families.UnsupportedModel` for an architecture outside `families.FAMILIES`."""
         families.family_of(model.config)
         self.invariance = invariance.apply(model, enabled=invariant)
+        self.tiled = getattr(model, "row_plan", None) is not None  # prompt tiles need alignment
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(eos_ids)
@@ -192,6 +193,7 @@ class Engine:
         past = hf_internals.cache_length(state.cache)
         width = len(state.pending) + draft_width(draft)
         pad_to = self.pad_width(width) if self.pad_width and len(state.pending) == 1 else 0
+        aligned = row_tiles.aligned_rows(past, len(state.pending) - 1) if self.tiled else 0
         out = verify_forward(
             self.model,
             state.cache,
@@ -201,6 +203,7 @@ class Engine:
             pad_to,
             feature_layers(state),
             state.adapter,
+            aligned,
         )
         verdict = self.accept(state, draft, out)
         hf_internals.keep_rows(state.cache, past + len(state.pending), verdict.accepted)
@@ -213,12 +216,28 @@ class Engine:
             raise ValueError(f"prefill chunk {size}: must be in 1..{len(state.pending) - 1}")
         past = hf_internals.cache_length(state.cache)
         layers = feature_layers(state)
+        aligned = row_tiles.aligned_rows(past, size) if self.tiled else 0
+        prompt = state.pending[:size]
         out = verify_forward(
-            self.model, state.cache, past, state.pending[:size], Draft(), 0, layers, state.adapter
+            self.model, state.cache, past, prompt, Draft(), 0, layers, state.adapter, aligned
         )
         if out.features is not None:
             state.prefill_features.append(out.features[:size])
         state.pending = state.pending[size:]
+
+    @property
+    def min_prefill(self) -> int:
+        """The fewest prompt tokens a prefill step should offer a request: one aligned tile
+        on a row-tiled model (chunks end on tile boundaries, `prefill_size`), else 1."""
+        return row_tiles.PREFILL_TILE if self.tiled else 1
+
+    def prefill_size(self, state: RequestState, budget: int) -> int:
+        """The prefill chunk to run within `budget` tokens (< the pending prompt): all of it, or
+        on a row-tiled model the part ending on a tile boundary (0: wait for a larger budget),
+        so every prompt token sits in the same tile whatever the chunking."""
+        if not self.tiled:
+            return budget
+        return row_tiles.aligned_chunk(hf_internals.cache_length(state.cache), budget)
 
     def propose(self, state: RequestState, max_draft: int | None = None) -> Draft:
         """The proposer's draft, cut to `max_draft` tokens (None: uncut; 0: no draft) and, on

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specserve.engine import compiled, hf_internals
+from specserve.engine import compiled, hf_internals, row_tiles
 from specserve.engine.lora_batch import lora_rows
 from specserve.engine.tree import Draft
 
@@ -135,9 +135,11 @@ def verify_forward(
     pad_to: int = 0,
     feature_layers: tuple[int, ...] = (),
     adapter: str | None = None,
+    aligned: int = 0,
 ) -> ForwardOutput:
     """Run the target (with LoRA `adapter`, None = base) once; the cache grows by
-    max(len(pending) + len(tree) + len(aux), pad_to).
+    max(len(pending) + len(tree) + len(aux), pad_to). `aligned`: the first pending rows that
+    are prompt tokens in whole aligned tiles (`row_tiles.aligned_rows`; row-tiled models).
 
     `feature_layers` (see `hf_internals.hidden_features`) asks for the hidden features of the
     pending and tree rows, which feature-level drafters (Medusa, EAGLE) draft from.
@@ -152,7 +154,8 @@ def verify_forward(
     forward = (  # the model or its compiled one
         model if invariant else compiled.runner(model, inputs.input_ids.shape[1], past)
     )
-    with lora_rows(model, [adapter]):
+    rows = inputs.input_ids.shape[1]
+    with lora_rows(model, [adapter]), row_tiles.aligned_prompt(model, rows, aligned):
         out = forward(
             input_ids=inputs.input_ids.to(device),
             position_ids=inputs.position_ids.to(device),

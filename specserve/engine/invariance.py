@@ -154,7 +154,7 @@ def apply(model, enabled: bool = True) -> InvarianceReport:
     if report.invariant and not enabled:
         report = report.model_copy(update={"invariant": False, "reason": "turned off"})
     if report.invariant:
-        if report.row_tile is not None:
+        if report.row_tile is not None and getattr(model, "row_plan", None) is None:
             row_tiles.tile_linears(model, report.row_tile)
         hf_internals.enable_invariant(model)
     return report

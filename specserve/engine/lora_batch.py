@@ -226,19 +226,19 @@ class RowLoRA:
         if own is None:
             return None
         a, b = own  # [r, in], [out, r]
-        tile = row_tiles.row_tile(module)
-        low = row_tiles.linear(inputs[0].to(a.dtype), a, tile=tile)  # [batch, q, r]
-        return output + row_tiles.linear(low, b, tile=tile).to(output.dtype)
+        plan = row_tiles.row_plan(module)
+        low = row_tiles.linear(inputs[0].to(a.dtype), a, plan=plan)  # [batch, q, r]
+        return output + row_tiles.linear(low, b, plan=plan).to(output.dtype)
 
 
 def _slot_delta(groups: list, module, x: torch.Tensor) -> torch.Tensor:
     """[batch, q, out]: each row's own slot of every rank group, `((x @ A_S^T) * select) @ B_S^T`."""
     delta = None
-    tile = row_tiles.row_tile(module)
+    plan = row_tiles.row_plan(module)
     for group, select in groups:
         a, b = group.buffers[module]  # [S r, in], [out, S r]
-        low = row_tiles.linear(x.to(a.dtype), a, tile=tile)  # [batch, q, S r]
-        part = row_tiles.linear(low * select, b, tile=tile)  # only each row's own slot
+        low = row_tiles.linear(x.to(a.dtype), a, plan=plan)  # [batch, q, S r]
+        part = row_tiles.linear(low * select, b, plan=plan)  # only each row's own slot
         delta = part if delta is None else delta + part
     return delta
 

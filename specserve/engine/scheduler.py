@@ -253,7 +253,7 @@ class Scheduler(EngineLoop):
     def _prefill(self) -> None:
         """Prefill admitted requests, oldest first, up to `prefill_chunk` prompt tokens in all
         (the bound on how long running decodes wait); a longer prompt goes in chunks."""
-        budget = self.settings.prefill_chunk
+        budget = max(self.settings.prefill_chunk, self.engine.min_prefill)
         while self.prefilling and budget > 0:
             ticket = self.prefilling[0]
             state = ticket.state
@@ -262,8 +262,10 @@ class Scheduler(EngineLoop):
                 if ticket.followers or budget == 0:
                     return
             if len(state.pending) > budget:
-                self.engine.prefill_chunk(state, budget)
-                self.totals["prefill_tokens"] += budget
+                chunk = self.engine.prefill_size(state, budget)
+                if chunk:
+                    self.engine.prefill_chunk(state, chunk)
+                    self.totals["prefill_tokens"] += chunk
                 return
             budget -= len(state.pending)
             self.totals["prefill_tokens"] += len(state.pending)
@@ -286,6 +288,10 @@ class Scheduler(EngineLoop):
         state = leader.state
         if len(state.pending) > 1:
             chunk = min(budget, len(state.pending) - 1)
+            if chunk < len(state.pending) - 1:  # not the last: it ends on a tile boundary
+                chunk = self.engine.prefill_size(state, chunk)
+                if chunk == 0:
+                    return budget
             self.engine.prefill_chunk(state, chunk)
             self.totals["prefill_tokens"] += chunk
             budget -= chunk

@@ -13,7 +13,7 @@ import pytest
 import torch
 from schedules import ADAPTERS, alone, prompt, requests, run, with_adapters
 
-from specserve.engine import hf_internals, invariance
+from specserve.engine import hf_internals, invariance, row_tiles
 from specserve.engine.decode import Engine
 from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
 from specserve.engine.hf_internals.invariant import TAIL, split_point
@@ -88,6 +88,46 @@ def test_the_probe_reports_float32_and_bfloat16_here(tiny_llama):
     assert report.dtype == "torch.bfloat16" and report.reason
     fp32 = invariance.probe(tiny_llama(1))
     assert fp32.dtype == "torch.float32" and fp32.reason
+
+
+@pytest.fixture(scope="module")
+def tiled_engine(tiny_llama, tokenizer, random_drafter):
+    """The invariant engine with its linears in 32-row tiles and prompts in aligned 64-row
+    tiles, as on a CPU whose bf16 kernel changes path above 32 rows (the tiny model's does not)."""
+    model = with_adapters(copy.deepcopy(tiny_llama(1, init_range=0.1)).bfloat16(), ADAPTERS)
+    row_tiles.tile_linears(model, 32)
+    drafters = {
+        "medusa": random_drafter(model, MedusaSpec(heads=2, topk=4), seed=2, scale=0.1),
+        "eagle": random_drafter(model, EagleSpec(feature_layers=(0, -1)), seed=3, scale=0.1),
+    }
+    engine = Engine(model, tokenizer, frozenset(), drafters=drafters)
+    if not engine.invariance.invariant:
+        pytest.skip(f"this machine's kernels are not row-invariant: {engine.invariance.reason}")
+    assert engine.tiled and engine.min_prefill == row_tiles.PREFILL_TILE
+    return engine
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_bf16_row_tiled_batches_equal_ar_alone(tiled_engine, seed):
+    """Prompts up to 140 tokens prefilled in aligned chunks beside others (a leftover budget
+    waits for a tile boundary), n-gram strategies and drafters: each equals its `ar` alone."""
+    engine = tiled_engine
+    reqs = [r | {"cancel_at": None} for r in requests(seed, 10)]
+    rng = random.Random(seed)
+    for req in reqs[::2]:
+        req["prompt"] = prompt(rng, rng.choice([63, 64, 65, 129, 140]))
+    scheduler = Scheduler(engine, BatchSettings(max_batch=6, prefill_chunk=100))
+    seen = run(engine, scheduler, reqs)
+    for i, req in enumerate(reqs):
+        assert seen[i]["ids"] == _ar_alone(engine, req), (i, req["strategy"], req["adapter"])
+
+
+def test_aligned_chunks_and_rows_worked_examples():
+    assert row_tiles.aligned_chunk(64, 100) == 64 and row_tiles.aligned_chunk(0, 40) == 0
+    assert row_tiles.aligned_rows(128, 150) == 128 and row_tiles.aligned_rows(100, 150) == 0
+    plan = row_tiles.TilePlan(32, rows=150, aligned=128)
+    x, w = torch.randn(1, 150, 8), torch.randn(4, 8)
+    assert torch.allclose(row_tiles.linear(x, w, plan=plan), x @ w.T, atol=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -186,3 +226,16 @@ def test_the_old_layout_breaks_what_the_gate_checks():
         assert torch.equal(new_alone, new_tree)
         old_differ += not torch.equal(old_alone, old_tree)
     assert old_differ > 0
+
+
+def test_aligned_prompt_tiles_give_each_row_one_value_whatever_the_chunking():
+    """SmolLM2's 576 -> 1536 projection in bf16: prompt rows 0..139 through aligned 64-row
+    tiles, prefilled whole or as chunks [0, 64) + [64, 140), give identical rows; one product
+    over all 140 rows (no plan) need not (on AMX cores it does not)."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(1536, 576, generator=gen).bfloat16()
+    x = torch.randn(1, 140, 576, generator=gen).bfloat16()
+    whole = row_tiles.linear(x, w, plan=row_tiles.TilePlan(32, rows=140, aligned=128))
+    first = row_tiles.linear(x[:, :64], w, plan=row_tiles.TilePlan(32, rows=64, aligned=64))
+    rest = row_tiles.linear(x[:, 64:], w, plan=row_tiles.TilePlan(32, rows=76, aligned=64))
+    assert torch.equal(whole, torch.cat([first, rest], dim=1))
