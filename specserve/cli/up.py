@@ -25,10 +25,26 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     upp.add_argument("--port", type=int, default=8000)
     upp.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray may use (default: all)")
     upp.add_argument("--cache-dir", type=Path, default=None)
+    upp.add_argument(
+        "--store",
+        choices=["redis", "memory"],
+        default=None,
+        help="redis: REDIS_URL, else a private redis-server with its AOF under the cache (none "
+        "found: an error saying how to get one); memory: an in-cluster store that keeps nothing, "
+        "a test and dev aid (default: the config's `store` arg, redis)",
+    )
     upp.set_defaults(func=cmd_up)
 
 
 def cmd_up(args) -> int:
     from specserve.platform.rayserve.up import up
 
-    return up(args.config, args.host, args.port, cache_dir(args), args.num_cpus, log=log)
+    return up(
+        args.config,
+        args.host,
+        args.port,
+        cache_dir(args),
+        args.num_cpus,
+        log=log,
+        store=args.store,
+    )

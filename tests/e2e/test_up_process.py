@@ -1,6 +1,7 @@
 """`specserve up` as a real process tree (tiny model, embedded redis, local Ray): on a loopback
 --host every socket any of its processes listens on is loopback, and a registered variant (its
-version and its answers) survives stopping the whole app with SIGINT and starting it again."""
+version and its answers) survives stopping the whole app with SIGINT and starting it again, on the
+embedded redis that /healthz and the log name as durable."""
 
 from __future__ import annotations
 
@@ -141,6 +142,10 @@ def test_a_variant_survives_a_restart_of_the_whole_app(stack, make_adapter):
     stack.up = again  # the fixture stops this one
     restart_s = time.monotonic() - began
     variants, models = _listed(again)
+    health = json.loads(call(f"{again.base_url}/healthz")[1])
+    assert health["store_kind"] == "redis-embedded" and health["durable"] is True, health
+    said = [line for line in again.log_text().splitlines() if "store: redis-embedded: " in line]
+    assert said and "durable: yes" in said[-1], said  # the startup log names it too
     bot = variants["bot"]
     assert bot["current_version"] == 2 and len(bot["versions"]) == 2, bot
     assert bot["versions"][-1]["adapter_sha256"] == record["adapter_sha256"], bot

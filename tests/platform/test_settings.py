@@ -87,3 +87,17 @@ def test_every_env_only_field_is_refused_as_an_arg():
 def test_environment_repr_hides_the_secrets():
     env = Environment.read({"REDIS_URL": "redis://:pw-1@r:1/0", "SPECSERVE_ADMIN_TOKEN": "tok-2"})
     assert "pw-1" not in repr(env) and "tok-2" not in repr(env)
+
+
+def test_the_store_is_redis_unless_the_memory_store_is_chosen():
+    assert PlatformSettings.from_args({}, {}).store == "redis"
+    chosen = PlatformSettings.from_args({"store": "memory"}, {})
+    assert chosen.store == "memory" and not chosen.redis_embedded
+    with pytest.raises(ValueError, match="store"):
+        PlatformSettings.from_args({"store": "sqlite"}, {})
+    with pytest.raises(ValueError, match="unset one"):
+        PlatformSettings.from_args({"store": "memory"}, {"REDIS_URL": "redis://r:6379/0"})
+    with pytest.raises(ValueError, match="redis_embedded"):  # set by `specserve up` only
+        PlatformSettings.from_args({"redis_embedded": True}, {})
+    env = {"REDIS_URL": "redis://r:6379/0", "SPECSERVE_REDIS_EMBEDDED": "1"}
+    assert PlatformSettings.from_args({}, env).redis_embedded

@@ -50,6 +50,24 @@ class NoRedisServer(RuntimeError):
         return cls(f"REDIS_URL is unset and there is no redis-server ({where})")
 
 
+SERVER_FILE = "server-binary"  # in the data directory: the binary whose AOF it holds
+
+
+def embedded_binary(settings: StoreSettings) -> str | None:
+    """The embedded server's binary: the one that wrote the data directory's AOF while it is still
+    there (a newer Valkey's AOF does not load in an older Redis, e.g. once a system redis-server
+    appears on PATH after the bundled one wrote it), else `find_redis_server`."""
+    data_dir = settings.embedded_data_dir
+    if data_dir is not None and os.sep not in settings.redis_server_binary:
+        try:
+            wrote = (Path(data_dir) / SERVER_FILE).read_text().strip()
+        except OSError:
+            wrote = ""
+        if wrote and os.sep in wrote and find_redis_server(wrote):
+            return wrote
+    return find_redis_server(settings.redis_server_binary)
+
+
 def _bin_dir() -> str:
     return os.path.dirname(sys.executable)
 
@@ -187,7 +205,7 @@ def resolve_store(settings: StoreSettings) -> Stores:
         pools = _redis(pool_url, settings) if pool_url and pool_url != url else registry
         stores = Stores(registry, pools, "redis-external", url, pool_url or url)
     else:
-        binary = find_redis_server(settings.redis_server_binary)
+        binary = embedded_binary(settings)
         if binary is None:
             raise NoRedisServer.no_binary(settings.redis_server_binary)
         server = EmbeddedRedis(
@@ -196,6 +214,8 @@ def resolve_store(settings: StoreSettings) -> Stores:
             supervise=True,
             start_timeout_s=settings.embedded_start_timeout_s,
         ).start()
+        if server.data_dir is not None:
+            (server.data_dir / SERVER_FILE).write_text(binary + "\n")
         registry = _redis(server.url, settings)
         pools = _redis(pool_url, settings) if pool_url else registry
         stores = Stores(

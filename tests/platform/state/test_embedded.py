@@ -1,6 +1,7 @@
 """resolve_store: REDIS_URL -> that Redis; else a private, supervised redis-server (gone after
-close); else the memory store. EmbeddedRedis itself: loopback, password required, restartable,
-cleaned up (durability and supervision: test_embedded_durable.py)."""
+close); no binary: refused, naming the remedies; the memory store only when asked for. Each says
+whether it is durable. EmbeddedRedis itself: loopback, password required, restartable, cleaned up
+(durability and supervision: test_embedded_durable.py; finding the binary: test_redis_server.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from specserve.platform.state.embedded import StoreSettings, resolve_store
+from specserve.platform.state.embedded import NoRedisServer, StoreSettings, resolve_store
 from specserve.platform.state.memory_store import MemoryStore
 from specserve.platform.state.redis_server import EmbeddedRedis
 from specserve.platform.state.redis_store import RedisStore
@@ -36,12 +37,14 @@ def test_settings_from_env():
     assert "pw" not in repr(s)
     assert StoreSettings.from_env({}).redis_url is None
     assert StoreSettings.from_env({}, redis_server_binary="/x").redis_server_binary == "/x"
+    assert StoreSettings().store == "redis"  # the memory store is never the default
 
 
 def test_without_redis_url_an_embedded_server_is_started_and_stopped():
     stores = resolve_store(StoreSettings())
     try:
-        assert stores.kind == "embedded" and isinstance(stores.registry, RedisStore)
+        assert stores.kind == "redis-embedded" and isinstance(stores.registry, RedisStore)
+        assert stores.durable() is False and stores.registry.durable() is False  # no data dir
         assert stores.pools is stores.registry
         server = stores.embedded
         assert server.running and stores.redis_url == server.url
@@ -66,21 +69,49 @@ def test_without_redis_url_an_embedded_server_is_started_and_stopped():
     stores.close()  # idempotent
 
 
-def test_without_the_binary_the_memory_store_is_used(caplog):
+def test_without_the_binary_redis_is_refused_naming_the_remedies():
     settings = StoreSettings(redis_server_binary="/nonexistent/redis-server")
-    with caplog.at_level(logging.WARNING, logger="specserve.platform.state.embedded"):
+    with pytest.raises(NoRedisServer) as refused:
+        resolve_store(settings)
+    message = str(refused.value)
+    assert "/nonexistent/redis-server" in message
+    for remedy in (
+        "scripts/setup.sh",
+        "apt-get install redis-server",
+        "REDIS_URL",
+        "--store memory",
+    ):
+        assert remedy in message
+
+
+def test_a_missing_name_is_refused_saying_where_it_was_looked_for(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "venv" / "bin" / "python"))
+    with pytest.raises(NoRedisServer, match=r"'redis-server' on PATH or in .*venv/bin"):
+        resolve_store(StoreSettings())
+
+
+def test_the_memory_store_only_when_asked_for(caplog):
+    settings = StoreSettings(store="memory", redis_server_binary="/nonexistent/redis-server")
+    with caplog.at_level(logging.INFO, logger="specserve.platform.state.embedded"):
         stores = resolve_store(settings)
     assert stores.kind == "memory" and isinstance(stores.registry, MemoryStore)
     assert stores.pools is stores.registry and stores.embedded is None and stores.redis_url is None
-    assert "memory store" in caplog.text
+    assert stores.durable() is False and "memory" in caplog.text
     stores.close()
+
+
+def test_the_memory_store_and_a_redis_url_are_not_both_taken(redis_server):
+    with pytest.raises(ValueError, match="unset one"):
+        resolve_store(StoreSettings(store="memory", redis_url=redis_server.url))
 
 
 def test_redis_url_is_used_as_given_and_pools_may_live_elsewhere(redis_server):
     with EmbeddedRedis() as pool_server:
         settings = StoreSettings(redis_url=redis_server.url, pool_redis_url=pool_server.url)
         with resolve_store(settings) as stores:
-            assert stores.kind == "redis" and stores.embedded is None
+            assert stores.kind == "redis-external" and stores.embedded is None
+            assert stores.durable() is False  # the fixture's server: no AOF, no snapshots
             stores.registry.set("k", "registry")
             stores.pools.set("k", "pools")
             assert stores.registry.get("k") == "registry" and stores.pools.get("k") == "pools"

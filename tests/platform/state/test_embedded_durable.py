@@ -8,6 +8,7 @@ import itertools
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -18,9 +19,9 @@ from specserve.platform.api.gateway import Gateway
 from specserve.platform.api.metrics import Metrics
 from specserve.platform.backend import LocalBackend
 from specserve.platform.settings import PlatformSettings
-from specserve.platform.state.embedded import StoreSettings, resolve_store
+from specserve.platform.state.embedded import SERVER_FILE, StoreSettings, resolve_store
 from specserve.platform.state.records import DrafterStatus
-from specserve.platform.state.redis_server import DataDirInUse, EmbeddedRedis
+from specserve.platform.state.redis_server import DataDirInUse, EmbeddedRedis, find_redis_server
 from specserve.platform.state.redis_store import RedisStore
 from specserve.platform.state.registry import Registry, VariantSpec
 from specserve.platform.state.store import StoreError
@@ -80,6 +81,7 @@ def _until(check, timeout_s: float, every_s: float = 0.02):
 def test_the_registry_survives_a_restart_of_the_app(tmp_path):
     settings = StoreSettings(embedded_data_dir=tmp_path / "cache" / "redis")
     with resolve_store(settings) as stores:
+        assert stores.durable() is True and stores.registry.durable() is True  # its AOF
         _fill(Registry(stores.registry))
         before = _snapshot(Registry(stores.registry))
         first_url = stores.redis_url
@@ -179,3 +181,20 @@ def test_failed_restarts_back_off_and_the_server_comes_back(tmp_path, caplog):
         assert RedisStore(server.url).get("k") == "v"
     finally:
         server.stop()
+
+
+def test_the_data_dir_keeps_to_the_server_that_wrote_it(tmp_path, monkeypatch):
+    """Its AOF may not load in another server (Valkey 9's in Redis 7): a data directory names its
+    binary, which is used again while it exists, even with that name gone from the lookup."""
+    binary = find_redis_server()
+    settings = StoreSettings(embedded_data_dir=tmp_path / "redis")
+    with resolve_store(settings) as stores:
+        _fill(Registry(stores.registry))
+        before = _snapshot(Registry(stores.registry))
+    assert (tmp_path / "redis" / SERVER_FILE).read_text().strip() == binary
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # neither PATH nor the venv has one now
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "venv" / "bin" / "python"))
+    assert find_redis_server() is None
+    with resolve_store(settings) as stores:
+        assert stores.embedded.binary == binary
+        assert _snapshot(Registry(stores.registry)) == before
