@@ -158,13 +158,13 @@ def test_bf16_every_strategy_in_random_batches_equals_bf16_ar_alone(bf16_engines
     """Random schedules (5 strategies, 3 adapters + base, greedy and seeded, joins, prefill
     chunks): each request's ids equal its own `ar` decoded alone, bit for bit."""
     engine, _ = bf16_engines
-    reqs = [r | {"cancel_at": None} for r in requests(seed, 12)]
-    scheduler = Scheduler(engine, BatchSettings(max_batch=6, prefill_chunk=16))
+    reqs = [r | {"cancel_at": None, "join_at": r["join_at"] // 4} for r in requests(seed, 20)]
+    scheduler = Scheduler(engine, BatchSettings(max_batch=16, prefill_chunk=16))
     seen = run(engine, scheduler, reqs)
     for i, req in enumerate(reqs):
         assert seen[i]["ids"] == alone(engine, req), (i, req["strategy"], req["adapter"])
         assert seen[i]["ids"] == _ar_alone(engine, req), (i, req["strategy"], req["adapter"])
-    assert seen[-1]["max_rows"] >= 4 and len({r["strategy"] for r in reqs}) >= 4
+    assert seen[-1]["max_rows"] >= 8 and len({r["strategy"] for r in reqs}) >= 4
 
 
 def test_bf16_warm_pool_and_every_strategy_alone_equal_ar(bf16_engines):
