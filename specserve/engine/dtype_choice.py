@@ -66,7 +66,7 @@ def pick(costs: dict[str, ServingFigures], min_gain: float = MIN_GAIN) -> tuple[
     """
     fp32 = "torch.float32"
     rows = next(iter(costs.values())).rows
-    order = sorted(costs, key=lambda d: d != "torch.bfloat16")  # bf16 first, as the issue reads
+    order = sorted(costs, key=lambda d: d != "torch.bfloat16")  # bf16 first, as the reports read
     figures = f"{rows}-row serving step: " + ", ".join(
         f"{_short(d)} {costs[d].tok_s:.1f} tok/s" for d in order
     )

@@ -162,7 +162,7 @@ class ModelService:
         self._weights_sha: str | None = None
         self.scheduler = Scheduler(self.engine, batch, curve.relative if curve else None)
         # one loader thread: cold adapters convert one at a time beside the loop (more threads
-        # only fight the loop for the cores and the GIL; measured in docs/benchmarks.md)
+        # only fight the loop for the cores and the GIL; measured in docs/performance.md)
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="adapter-loader")
 
     def start(self) -> ModelService:

@@ -41,7 +41,7 @@ def _choice(model_id: str, costs: dict, chosen: str, rows: int = 16) -> dtype_ch
 
 
 def test_pick_never_takes_a_dtype_slower_under_load():
-    """The issue's machine: bf16 faster per plain forward and alone, slower at 16 rows."""
+    """A machine where bf16 is faster per plain forward and alone, slower at 16 rows."""
     chosen, reason = dtype_choice.pick({FP32: _figures(34.3, 20.0), BF16: _figures(30.7, 32.0)})
     assert chosen == FP32
     assert reason.startswith("16-row serving step: bf16 30.7 tok/s, fp32 34.3 tok/s")

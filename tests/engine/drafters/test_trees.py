@@ -71,7 +71,7 @@ CPU_MS = {
     40: 164,
     48: 180,
     64: 217,
-}  # measured here (docs/benchmarks.md)
+}  # measured here (docs/performance.md)
 GPU_MS = {k: 22.0 + 0.01 * k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256)}  # DESIGN.md: flat
 
 
