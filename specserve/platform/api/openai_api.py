@@ -129,6 +129,12 @@ def internal_error() -> ApiError:
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
+    continuous_usage_stats: bool = Field(
+        False,
+        description="vLLM's, sent by load clients (guidellm): accepted, and the usage still "
+        "comes once, in the chunk before `[DONE]` when `include_usage` is set; no chunk "
+        "before it carries one (the prompt's token count is known only at the end)",
+    )
 
 
 class _Common(BaseModel):

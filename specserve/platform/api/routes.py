@@ -1,7 +1,8 @@
 """The HTTP surface of the gateway: the OpenAI routes (`/v1/completions`, `/v1/chat/completions`,
-`/v1/models`), `/healthz` and `/metrics`; error handlers that answer every failure as an OpenAI
-error body with the request id (a store outage: 503 registry_unavailable); `BodyLimit` (413 before
-the app reads); `RequestIds` (an `x-request-id` on every response, the client's if it sent one).
+`/v1/models`), `/healthz`, `/health` (liveness only) and `/metrics`; error handlers that answer
+every failure as an OpenAI error body with the request id (a store outage: 503
+registry_unavailable); `BodyLimit` (413 before the app reads); `RequestIds` (an `x-request-id` on
+every response, the client's if it sent one).
 """
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ def openai_router(gateway: Gateway) -> APIRouter:
         models = await asyncio.to_thread(gateway.models, bearer(request))
         headers = {STALE_HEADER: "true"} if models.stale else {}
         return Response(models.body, media_type="application/json", headers=headers)
+
+    @router.get("/health", responses=HEALTH_ERRORS)
+    async def health():
+        # vLLM's liveness route, which load clients (guidellm) probe before a run: no store
+        # read, 200 while serving, 503 once draining; /healthz is the detailed one
+        status = "draining" if gateway.drain.draining else "ok"
+        return JSONResponse({"status": status}, status_code=503 if status == "draining" else 200)
 
     @router.get("/healthz", responses=HEALTH_ERRORS)
     async def healthz():
