@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The load-client sweep of docs/load-clients.md, end to end: guidellm (PyPI) in its own venv
+# The load-client sweep of docs/performance.md ("A standard load client"), end to end: guidellm (PyPI) in its own venv
 # (.venv-load: it pins torch, datasets, transformers apart from ours), `specserve up` with
 # SmolLM2-135M, wait for /healthz, then one guidellm run per level of concurrent streams
 # (LEVELS, default 1 2 4 8 16), each bounded by a request count (4 per stream, at least 8) and
