@@ -114,14 +114,17 @@ class Engine:
         pad_width: Callable[[int], int] | None = None,
         drafters: dict[str, object] | None = None,
         invariant: bool = True,
+        admitted: bool = False,
     ) -> None:
         """`pad_width(k)`: the verify width to run k decode tokens at (the device's cheapest
         width >= k, from its cost curve); None runs exactly k. `drafters`: strategy name ->
         trained drafter checked against this model (see `engine.drafters.artifact`).
         `invariant`: serve the position-invariant forward where the probe finds this machine's
         kernels row-invariant (`invariance.apply`; `self.invariance` says what it found). Raises
-        `families.UnsupportedModel` for an architecture outside `families.FAMILIES`."""
-        families.family_of(model.config)
+        `families.UnsupportedModel` for an architecture `families.family_of` refuses;
+        `admitted`: the caller has decided (the conformance probe, on its own tiny model)."""
+        if not admitted:
+            families.family_of(model.config)
         self.invariance = invariance.apply(model, enabled=invariant)
         self.tiled = getattr(model, "row_plan", None) is not None  # prompt tiles need alignment
         self.model = model

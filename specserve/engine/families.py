@@ -1,15 +1,20 @@
-"""The model families the engine serves, in one place: which `model_type`s load, the LoRA
-projections a finetune targets by default on each, and the check that refuses anything else at
-load. What each family is proven on is THE GATE in tests/engine/test_families.py.
+"""The model families the engine serves: the hand-kept known-good list (what each is proven on
+is THE GATE in tests/engine/test_families.py) and, for any other decoder-only causal LM, the
+conformance probe's verdict (`engine.probe`). `family_of` admits or refuses a config at load;
+a family's default LoRA targets are found from its modules, not listed.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from specserve.engine import hf_internals
 
-ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+KNOWN_GOOD = "known-good list"
+BY_PROBE = "admitted by probe"
 
 
 class Family(BaseModel):
@@ -17,8 +22,11 @@ class Family(BaseModel):
 
     model_type: str  # the config's `model_type`
     name: str  # how users know it
-    lora_targets: tuple[str, ...] = ATTENTION  # a finetune's default target modules
+    # a finetune's default target modules: the attention projections found in the model
+    lora_targets: tuple[str, ...] = ()
     features: tuple[str, ...] = ()  # attention features the engine handles for it
+    admitted: Literal["known-good list", "admitted by probe"] = KNOWN_GOOD
+    reason: str = ""  # the probe's verdict, for a family it admitted
 
 
 FAMILIES: dict[str, Family] = {
@@ -39,14 +47,12 @@ FAMILIES: dict[str, Family] = {
         Family(
             model_type="phi3",
             name="Phi-3",
-            lora_targets=("qkv_proj", "o_proj"),
             features=("fused qkv / gate_up projections", "sliding window"),
         ),
         Family(model_type="olmo2", name="OLMo 2"),
         Family(
             model_type="gpt_neox",
             name="GPT-NeoX, Pythia",
-            lora_targets=("query_key_value", "dense"),
             features=("fused query_key_value", "partial rotary"),
         ),
     )
@@ -54,20 +60,42 @@ FAMILIES: dict[str, Family] = {
 
 
 class UnsupportedModel(ValueError):
-    """The model's architecture is outside FAMILIES (or uses a feature the engine refuses)."""
+    """The architecture is neither known-good nor admitted by the probe (or it uses a feature
+    the engine refuses); the message says which check refused it."""
 
 
-def family_of(config) -> Family:
-    """The family of a model config; raises UnsupportedModel naming the supported ones.
-    Example: a LlamaConfig -> FAMILIES["llama"]; a T5Config -> UnsupportedModel."""
-    family = FAMILIES.get(getattr(config, "model_type", None))
-    if family is None:
+def family_of(config, cache_dir: Path | None = None) -> Family:
+    """The family of a model config, with its LoRA targets found; raises UnsupportedModel.
+    A `model_type` in FAMILIES is known-good; any other runs the conformance probe (kept under
+    `cache_dir`, else in this process). Example: a LlamaConfig -> FAMILIES["llama"] with
+    lora_targets (q_proj, k_proj, v_proj, o_proj); a Starcoder2Config -> a Family admitted by
+    probe; a T5Config -> UnsupportedModel (encoder-decoder)."""
+    from specserve.engine.probe import lora_targets, probe
+
+    model_type = getattr(config, "model_type", None)
+    listed = FAMILIES.get(model_type)
+    if listed is not None:
+        try:
+            hf_internals.layer_windows(config)
+        except ValueError as e:
+            raise UnsupportedModel(f"{listed.name}: {e}") from e
+        return listed.model_copy(update={"lora_targets": lora_targets(config)})
+    result = probe(config, cache_dir)
+    if not result.admitted:
+        assert result.failure is not None
         raise UnsupportedModel(
-            f"model type {getattr(config, 'model_type', None)!r} is not supported; supported: "
-            f"{', '.join(f'{f.model_type} ({f.name})' for f in FAMILIES.values())}"
+            f"model type {model_type!r} ({result.architecture}) is not in the known-good list "
+            f"({', '.join(FAMILIES)}) and the conformance probe refused it: "
+            f"{result.failure.describe()}"
         )
     try:
-        hf_internals.layer_windows(config)
+        hf_internals.layer_windows(config)  # the real model's windows, not only the tiny one's
     except ValueError as e:
-        raise UnsupportedModel(f"{family.name}: {e}") from e
-    return family
+        raise UnsupportedModel(f"{result.architecture}: {e}") from e
+    return Family(
+        model_type=str(model_type),
+        name=result.architecture,
+        lora_targets=tuple(result.lora_targets),
+        admitted=BY_PROBE,
+        reason=result.reason(),
+    )

@@ -1,11 +1,13 @@
 """Load a model to serve: a catalog name (pulled first), an HF model dir or a .gguf file.
 
 `load_model(name_or_path)` returns an eval-mode, grad-free HF causal LM plus tokenizer and eos ids,
-or raises `ModelLoadError` naming the model/file that could not be loaded.
+or raises `ModelLoadError` naming the model/file that could not be loaded; `model_family` says,
+from the config alone, whether and why the architecture is served (known-good or probed).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ from specserve.models.catalog import ModelLoadError, load_catalog
 from specserve.models.eos import eos_ids, id_list
 from specserve.models.provision import pull_model
 from specserve.paths import default_cache_dir
+
+log = logging.getLogger(__name__)
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -139,12 +143,37 @@ def _load_gguf(path: Path, dev: torch.device, dt: torch.dtype) -> LoadedModel:
     return _finish(model, tok, str(path), dev, dt, str(path))
 
 
-def _check_family(config, where: str) -> None:
-    """Refuse an architecture outside `families.FAMILIES` now, with the supported list."""
+def probe_dir() -> Path:
+    """Where conformance-probe results are kept: $SPECSERVE_CACHE/probe."""
+    return default_cache_dir() / "probe"
+
+
+def _check_family(config, where: str) -> families.Family:
+    """Admit the architecture now (known-good, or by the conformance probe, run once per
+    architecture and kept under `probe_dir()`), or refuse it with the probe's failing check."""
     try:
-        families.family_of(config)
+        family = families.family_of(config, probe_dir())
     except families.UnsupportedModel as e:
         raise ModelLoadError(f"cannot serve {where}: {e}") from e
+    if family.admitted == families.BY_PROBE:
+        log.info("%s: %s %s", where, family.name, family.reason)
+    return family
+
+
+def model_family(name_or_path: str, cache_dir: Path | None = None) -> families.Family:
+    """The family `load_model(name_or_path)` would serve the model as, read from its config
+    (a catalog name is pulled first); raises ModelLoadError naming why it is refused."""
+    path = Path(str(name_or_path)).expanduser()
+    if not path.exists() and str(name_or_path) in load_catalog():
+        path = pull_model(str(name_or_path), cache_dir)
+    try:
+        if path.suffix.lower() == ".gguf":
+            config = transformers.AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        else:
+            config = transformers.AutoConfig.from_pretrained(str(path))
+    except Exception as e:
+        raise ModelLoadError(f"cannot read the config of {name_or_path}: {e}") from e
+    return _check_family(config, str(name_or_path))
 
 
 def _load_path(path: Path, dev: torch.device, dt: torch.dtype) -> LoadedModel:

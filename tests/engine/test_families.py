@@ -159,14 +159,19 @@ def _bloom():
     return BloomForCausalLM(config).eval()
 
 
-def test_an_unsupported_architecture_is_refused_with_the_supported_list(tmp_path, tokenizer):
+def test_an_architecture_outside_the_list_the_probe_refuses_is_refused_with_its_check(
+    tmp_path, tokenizer
+):
+    """Bloom is outside the known-good list; the conformance probe refuses it (tests/engine/
+    test_probe.py checks which architectures it admits), at construction and at load."""
     from specserve.models.catalog import ModelLoadError
     from specserve.models.load import load_model
 
-    with pytest.raises(families.UnsupportedModel, match="'bloom' is not supported.*gemma2"):
+    refused = r"'bloom' \(BloomForCausalLM\) is not in the known-good list \(llama, .*gemma2"
+    with pytest.raises(families.UnsupportedModel, match=refused + ".*probe refused it: "):
         Engine(_bloom(), tokenizer, frozenset())
     _bloom().save_pretrained(tmp_path)
-    with pytest.raises(ModelLoadError, match="'bloom' is not supported; supported: llama"):
+    with pytest.raises(ModelLoadError, match="cannot serve .*" + refused):
         load_model(str(tmp_path), device="cpu", dtype="float32")
 
 
