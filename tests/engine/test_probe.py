@@ -59,6 +59,7 @@ def test_granite_and_starcoder2_are_admitted_by_the_probe(name, tmp_path):
     assert result.passed == ALL_CHECKS
     assert result.reason().startswith("admitted by probe")
     assert result.lora_targets == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert set(result.lora_checked) == set(result.projections) > set(result.lora_targets)
     family = families.family_of(CONFIGS[name](), tmp_path)
     assert family.admitted == families.BY_PROBE and family.reason == result.reason()
 
@@ -104,6 +105,15 @@ def test_admitted_families_decode_exactly_alone_batched_and_with_lora(name, toke
         assert seen[i]["ids"] == want, (name, i, req["strategy"], req["adapter"])
         checked += 1
     assert checked >= 6 and seen[-1]["max_rows"] >= 3 and len(seen[-1]["adapters"]) >= 2
+
+
+@pytest.mark.parametrize("config", [tf.MixtralConfig, tf.Qwen3MoeConfig])
+def test_moe_families_are_admitted_with_lora_on_attention(config, tmp_path):
+    """Their attention passes the MoE block's `output_router_logits` flag (inert for attention);
+    peft maps MLP names onto the fused experts, so the probe's LoRA is on attention."""
+    result = probe(config(), tmp_path)
+    assert result.admitted, result.reason()
+    assert result.lora_checked == ["k_proj", "o_proj", "q_proj", "v_proj"]
 
 
 def test_a_recurrent_model_is_refused_with_the_failing_check(tmp_path, tokenizer):

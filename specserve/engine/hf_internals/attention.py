@@ -31,13 +31,19 @@ _ATTENTION_KWARGS = frozenset(
         "position_ids",
         "use_cache",
         "output_hidden_states",
+        "output_router_logits",  # the MoE block's flag, forwarded through the layer's kwargs
     }
 )
+_OFF_FLAGS = frozenset({"output_attentions"})  # honoured while off: no weights are asked for
 
 
 def _check_attention_kwargs(module, kwargs: dict) -> None:
     """Raise for any keyword the row attention would otherwise drop (soft-capping, sinks...)."""
-    unknown = sorted(k for k, v in kwargs.items() if k not in _ATTENTION_KWARGS and v is not None)
+    unknown = sorted(
+        k
+        for k, v in kwargs.items()
+        if k not in _ATTENTION_KWARGS and v is not None and not (k in _OFF_FLAGS and v is False)
+    )
     if unknown:
         raise UnsupportedAttention(
             f"{type(module).__name__} passes {', '.join(unknown)} to the attention function; "

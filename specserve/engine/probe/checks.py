@@ -57,6 +57,7 @@ class Probe:
     engine: Engine | None = None
     projections: Projections = field(default_factory=Projections)
     merged: object = None  # the model with the adapter merged into its weights
+    lora_checked: tuple[str, ...] = ()  # the projections the LoRA check put the adapter on
     want: dict = field(default_factory=dict)  # (adapter, prompt index) -> greedy generate()
 
 
@@ -208,8 +209,20 @@ def strategies_equal_ar(p: Probe) -> None:
 
 def lora_equals_merged(p: Probe) -> None:
     """A LoRA on every found projection, served from the LoRA store, equals its merged weights
-    under every strategy; the base rows stay the base."""
+    under every strategy; the base rows stay the base. Where peft turns the MLP names into an
+    MoE's fused expert parameters (transformers 5 layouts), which the store does not serve, the
+    LoRA is on the attention projections only (`p.lora_checked` says which)."""
     tensors, p.merged = lora_pair(p.model, p.projections.all)
+    if tensors is None and p.projections.attention:
+        tensors, p.merged = lora_pair(p.model, p.projections.attention)
+    if tensors is None:
+        raise CheckFailed(
+            CheckFailure(
+                check="LoRA = merged weights",
+                detail="peft puts the LoRA on modules that are not Linear (fused experts)",
+            )
+        )
+    p.lora_checked = tuple(sorted({name.rsplit(".", 1)[-1] for name in tensors}))
     attach_store(p.model).add(ADAPTER, tensors)
     for i, ids in enumerate(p.prompts):
         p.want[ADAPTER, i] = greedy(p.merged, ids)
@@ -221,10 +234,16 @@ def lora_equals_merged(p: Probe) -> None:
 
 
 def lora_pair(model, targets: tuple[str, ...]):
-    """({module: (A, B x scaling)}, merged model) of a seeded rank-4 peft LoRA on `targets`."""
+    """({module: (A, B x scaling)}, merged model) of a seeded rank-4 peft LoRA on `targets`;
+    (None, None) when peft also wraps a module that is not a Linear."""
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=list(targets))
+    linears = [  # full names: a leaf name can also be a fused experts module's parameter
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets
+    ]
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=linears)
     wrapped = get_peft_model(copy.deepcopy(model), config, adapter_name=ADAPTER)
     torch.manual_seed(7)
     with torch.no_grad():
@@ -233,6 +252,8 @@ def lora_pair(model, targets: tuple[str, ...]):
                 w.normal_(0, 0.2)
     tensors = {}
     for name, m in wrapped.base_model.model.named_modules():
+        if hasattr(m, "lora_A") and not isinstance(m.get_base_layer(), torch.nn.Linear):
+            return None, None
         if hasattr(m, "lora_A") and ADAPTER in m.lora_A:
             a = m.lora_A[ADAPTER].weight.detach().clone()
             tensors[name] = a, m.lora_B[ADAPTER].weight.detach().clone() * m.scaling[ADAPTER]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-PROBE_VERSION = 1  # bump when a check changes: cached results of older probes are not reused
+PROBE_VERSION = 2  # bump when a check changes: cached results of older probes are not reused
 
 
 class CheckFailure(BaseModel):
@@ -43,7 +43,8 @@ class ProbeResult(BaseModel):
     passed: list[str] = Field(default_factory=list)  # checks passed, in order
     failure: CheckFailure | None = None
     lora_targets: list[str] = Field(default_factory=list)  # default: attention projections
-    projections: list[str] = Field(default_factory=list)  # attention + MLP, the probe's LoRA
+    projections: list[str] = Field(default_factory=list)  # attention + MLP projections found
+    lora_checked: list[str] = Field(default_factory=list)  # those the probe's LoRA was on
     seconds: float = 0.0
 
     def reason(self) -> str:

@@ -131,6 +131,7 @@ def _run(model, result: ProbeResult) -> ProbeResult:
     result.admitted = result.failure is None
     result.lora_targets = list(p.projections.attention or p.projections.all)
     result.projections = list(p.projections.all)
+    result.lora_checked = list(p.lora_checked)
     return result
 
 

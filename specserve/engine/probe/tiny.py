@@ -61,6 +61,8 @@ def _shrink(data: dict) -> dict:
             data[key] = len(keep)
         elif keep and isinstance(value, list) and len(value) == layers:
             data[key] = [value[i] for i in keep]  # per-layer lists: the kept layers' entries
+        elif key == "head_dim" and isinstance(data.get("qk_rope_head_dim"), int):
+            data[key] = SIZES["qk_rope_head_dim"]  # multi-head latent attention: the rotary part
         elif key in SIZES and isinstance(value, int) and not isinstance(value, bool):
             data[key] = SIZES[key]
         elif key in KV_HEADS and isinstance(value, int):
