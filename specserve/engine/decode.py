@@ -101,6 +101,8 @@ class GenerationResult:
     ttft_seconds: float
     drafted_by_depth: list[int] = field(default_factory=list)  # [d]: steps drafting depth >= d+1
     accepted_by_depth: list[int] = field(default_factory=list)  # [d]: steps accepting >= d+1
+    # accepted draft tokens per source, for proposers that merge several (e.g. hybrid)
+    accepted_by_source: dict[str, int] = field(default_factory=dict)
 
 
 class Engine:
@@ -172,7 +174,9 @@ class Engine:
             self.model.config.vocab_size,
             seed,
             pool,
-            drafter=drafter if drafter is not None else self.drafters.get(strategy),
+            drafter=drafter
+            if drafter is not None
+            else self.drafters.get(REGISTRY.get(strategy).drafts_with),
         )
         generator = torch.Generator().manual_seed(seed)
         return RequestState(
@@ -371,6 +375,7 @@ class Engine:
             ttft_seconds=(state.first_token_at or end) - state.started_at,
             drafted_by_depth=list(state.drafted_by_depth),
             accepted_by_depth=list(state.accepted_by_depth),
+            accepted_by_source=dict(getattr(state.proposer, "accepted_by_source", {})),
         )
 
 

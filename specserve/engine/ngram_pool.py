@@ -11,6 +11,8 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 
+from specserve.engine.match_stats import MatchStats
+
 Key = tuple[int, ...]
 Continuation = tuple[int, ...]
 
@@ -35,6 +37,8 @@ class NGramPool:
             deque(maxlen=journal_size) if journal_size else None
         )
         self._lock = threading.Lock()
+        # measured acceptance of drafts from this variant's n-grams (the hybrid proposer's)
+        self.match_stats = MatchStats()
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._entries.values())

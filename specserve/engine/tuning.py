@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from specserve.engine.cost import CostCurve, cache_stem
 from specserve.engine.decode import Engine
+from specserve.engine.proposers import REGISTRY
 from specserve.engine.sampling import SamplingParams
 
 CANDIDATES: dict[str, list[dict]] = {
@@ -43,7 +44,22 @@ CANDIDATES: dict[str, list[dict]] = {
             (20, 7, 20),
         ]
     ],
+    "hybrid": [
+        {"window": None, "budget": 16},
+        {"window": {"window": 2, "ngram": 3, "guesses": 0}, "budget": 16},
+        {"window": {"window": 4, "ngram": 3, "guesses": 0}, "budget": 16},
+        {"window": {"window": 3, "ngram": 4, "guesses": 0}, "budget": 24, "pool_guesses": 8},
+    ],
 }
+
+
+def with_cost(strategy: str, config: dict, curve: CostCurve) -> dict:
+    """`config` with the device's cost curve where the strategy sizes its drafts by it (a
+    `relative_cost` field: verify cost per measured width relative to one row)."""
+    fields = REGISTRY.get(strategy).config_type.model_fields
+    if "relative_cost" not in fields or config.get("relative_cost"):
+        return config
+    return {**config, "relative_cost": {w: round(curve.relative(w), 4) for w in sorted(curve.ms)}}
 
 
 class Trial(BaseModel):
@@ -78,6 +94,7 @@ def tune(
     trials = []
     grid = candidates or CANDIDATES.get(strategy, [{}])
     for i, config in enumerate(grid, 1):
+        config = with_cost(strategy, config, curve)
         runs = [engine.generate(ids, params, strategy, config) for ids in prompts]
         tokens = sum(len(r.output_ids) for r in runs)
         forwards = sum(r.forwards for r in runs)

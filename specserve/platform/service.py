@@ -29,7 +29,13 @@ from specserve.engine.proposers import DRAFTER_KINDS, REGISTRY
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.scheduler import BatchSettings, EngineDead, QueueFull, Scheduler
 from specserve.platform.events import Delta, Done, DoneInfo, Usage, decoded_logprobs
-from specserve.policies.router import Decision, VariantView, decide, requestable
+from specserve.policies.router import (
+    Decision,
+    VariantView,
+    decide,
+    requestable,
+    usable_drafters,
+)
 from specserve.policies.settings import PolicySettings
 
 
@@ -221,23 +227,43 @@ class ModelService:
         else:
             policy = self.policy if request.target.policy is None else request.target.policy
             decision = decide(request.target, self.ongoing, policy, self.clock())
-        drafter, drafter_cfg = None, None
-        if decision.strategy in DRAFTER_KINDS.names():
-            try:
-                drafter, drafter_cfg = self.drafter(request.target, decision.strategy)
-            except (ValueError, OSError) as err:  # mismatch, missing files: never garbage drafts
-                reason = f"{decision.reason}; but its {decision.strategy} drafter was refused ({err}); lookahead"
-                decision = Decision("lookahead", reason)
-            if drafter is not None and drafter.notes:
-                reason = "; ".join([decision.reason, *drafter.notes])
-                decision = dataclasses.replace(decision, reason=reason)
-        base = (
-            drafter_cfg if drafter_cfg is not None else self.strategy_configs.get(decision.strategy)
-        )
+        decision, drafter, drafter_cfg = self._with_drafter(request.target, decision)
+        strategy = REGISTRY.get(decision.strategy)
+        base = self.strategy_configs.get(decision.strategy)
+        if drafter_cfg is not None:
+            tree = strategy.with_drafter_tree
+            base = tree(base, drafter_cfg) if tree else drafter_cfg
         config = REGISTRY.config(decision.strategy, base)
         if decision.max_draft_tokens:
             config = REGISTRY.limited(decision.strategy, config, decision.max_draft_tokens)
         return decision, config, drafter
+
+    def _with_drafter(self, target: Target, decision: Decision):
+        """(decision, drafter, its device-sized tree config) for a strategy drafting with a
+        trained drafter. One that needs it falls back to lookahead when it is refused; one that
+        only adds it (hybrid) drafts from n-grams alone without one, and its reason says which."""
+        strategy = REGISTRY.get(decision.strategy)
+        kind = strategy.drafts_with
+        if kind not in DRAFTER_KINDS.names():
+            return decision, None, None
+        optional = strategy.drafter_optional
+        if optional and kind not in {d.kind for d in usable_drafters(target)}:
+            reason = f"{decision.reason}; n-grams alone (no usable {kind} drafter)"
+            return dataclasses.replace(decision, reason=reason), None, None
+        try:
+            drafter, drafter_cfg = self.drafter(target, kind)
+        except (ValueError, OSError) as err:  # mismatch, missing files: never garbage drafts
+            if optional:
+                reason = f"{decision.reason}; its {kind} drafter was refused ({err}); n-grams alone"
+                return dataclasses.replace(decision, reason=reason), None, None
+            reason = f"{decision.reason}; but its {kind} drafter was refused ({err}); lookahead"
+            return Decision("lookahead", reason), None, None
+        notes = list(drafter.notes or [])
+        if optional:
+            notes.insert(0, f"with the {kind} drafter")
+        if notes:
+            decision = dataclasses.replace(decision, reason="; ".join([decision.reason, *notes]))
+        return decision, drafter, drafter_cfg
 
     def drafter(self, target: Target, kind: str) -> tuple[object, dict | None]:
         """The target's `kind` drafter, loaded once and checked against this base model and the
@@ -426,6 +452,7 @@ class ModelService:
                 forwards=result.forwards,
                 drafted_by_depth=result.drafted_by_depth,
                 accepted_by_depth=result.accepted_by_depth,
+                accepted_by_source=result.accepted_by_source,
                 train_kind=decision.train_kind,
                 invariant=self.engine.invariance.invariant,
             ),

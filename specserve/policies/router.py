@@ -50,10 +50,15 @@ class Decision:
     train_kind: str | None = None  # drafter training the platform should queue, if any
 
 
+def usable_drafters(view: VariantView) -> list[DrafterView]:
+    """The variant's drafters that can serve now: trained and stored."""
+    return [d for d in view.drafters if d.state == "succeeded" and d.artifact_dir]
+
+
 def requestable(view: VariantView, strategies: Iterable[str]) -> list[str]:
     """The strategies among `strategies` a request may ask for on this variant now: each that
     drafts without training, and each drafter kind whose drafter is usable (trained, stored)."""
-    usable = {d.kind for d in view.drafters if d.state == "succeeded" and d.artifact_dir}
+    usable = {d.kind for d in usable_drafters(view)}
     return [s for s in strategies if s not in KIND_NAMES or s in usable]
 
 

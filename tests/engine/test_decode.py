@@ -52,6 +52,19 @@ CONFIGS = {
     "la-w5-n2-g4": ("lookahead", {"window": 5, "ngram": 2, "guesses": 4}),
     "la-w5-n5-g2-k2": ("lookahead", {"window": 5, "ngram": 5, "guesses": 2, "key_len": 2}),
     "la-no-seed": ("lookahead", {"window": 3, "ngram": 3, "guesses": 3, "seed_from_prompt": False}),
+    "hy-default": ("hybrid", {}),
+    "hy-no-window": ("hybrid", {"window": None, "budget": 6}),
+    "hy-one-token": ("hybrid", {"budget": 1, "pool_guesses": 1}),
+    "hy-wide": (
+        "hybrid",
+        {
+            "budget": 24,
+            "pool_guesses": 8,
+            "pool_draft_len": 10,
+            "window": {"window": 4, "ngram": 4},
+        },
+    ),
+    "hy-cost-curve": ("hybrid", {"relative_cost": {1: 1.0, 4: 1.2, 8: 1.6, 16: 2.6, 32: 5.0}}),
 }
 
 
@@ -145,7 +158,7 @@ def test_speculation_is_not_vacuous(gate):
     """Drafts were accepted: the equality above is not trivially that of empty drafts."""
     taus = {(m, c, n): gate.run(m, c, n).tau for m in MODELS for c in CONFIGS for n in PROMPT_LENS}
     assert max(taus.values()) > 2.0
-    for strategy in ("prompt_lookup", "lookahead"):
+    for strategy in ("prompt_lookup", "lookahead", "hybrid"):
         best = max(t for (m, c, n), t in taus.items() if CONFIGS[c][0] == strategy)
         assert best > 1.2, strategy
     # and even the wandering model gets some speed-up on long repetitive prompts

@@ -1,7 +1,14 @@
 """Proposers: each turns request state into a `Draft`; importing this package registers them and
 the drafter kinds (`DRAFTER_KINDS`) that the trained-drafter strategies draft with."""
 
-from specserve.engine.proposers import ar, eagle, lookahead, medusa, prompt_lookup  # noqa: F401
+from specserve.engine.proposers import (  # noqa: F401
+    ar,
+    eagle,
+    hybrid,
+    lookahead,
+    medusa,
+    prompt_lookup,
+)
 from specserve.engine.proposers.base import (
     REGISTRY,
     FeatureProposer,

@@ -31,7 +31,9 @@ class ProposerContext:
 class Proposer(Protocol):
     """`feature_layers` (optional attribute, default none): the target hidden layers the
     proposer drafts from (see `hf_internals.hidden_features`). A proposer that names any also
-    gets `observe_features` after every commit."""
+    gets `observe_features` after every commit. `accepted_by_source` (optional attribute,
+    source -> accepted draft tokens): where a proposer merging several sources says which
+    source the accepted tokens came from."""
 
     def propose(self, tokens: list[int]) -> Draft:
         """Draft continuations of `tokens` (prompt + committed output; its last is the root)."""
@@ -58,6 +60,16 @@ class Strategy:
     build: Callable[[BaseModel, ProposerContext], Proposer]
     # limit(config, k) -> a config drafting at most k tokens per step (k >= 1); None: drafts nothing
     limit: Callable[[BaseModel, int], BaseModel] | None = None
+    # the drafter kind whose artifacts it drafts with (None: its own name, if a kind has it)
+    drafter_kind: str | None = None
+    drafter_optional: bool = False  # it also drafts without one (the drafter only adds)
+    # (config or None, the drafter's device-sized tree config) -> this strategy's config;
+    # None: the drafter's config is the strategy's
+    with_drafter_tree: Callable[[BaseModel | dict | None, dict], dict] | None = None
+
+    @property
+    def drafts_with(self) -> str:
+        return self.drafter_kind or self.name
 
 
 class Named(Protocol):

@@ -81,8 +81,21 @@ class EagleProposer:
 
     @torch.inference_mode()
     def propose(self, tokens: list[int]) -> Draft:
+        ids, parents, scores = self.candidates(tokens)
+        keep = select_nodes(scores, parents, self.config.total_tokens)
+        new_index = {old: new for new, old in enumerate(keep)}
+        tree = DraftTree(
+            tuple(ids[i] for i in keep),
+            tuple(new_index[parents[i]] if parents[i] >= 0 else -1 for i in keep),
+        )
+        return Draft(tree)
+
+    @torch.inference_mode()
+    def candidates(self, tokens: list[int]) -> tuple[list[int], list[int], list[float]]:
+        """The expanded tree before EAGLE-2's rerank: node tokens, parents (topological, -1 =
+        the root) and cumulative draft log-probabilities; empty before the first features."""
         if self.root_logp is None:
-            return Draft()
+            return [], [], []
         cfg = self.config
         k = min(cfg.topk, self.root_logp.shape[-1])
         root_pos = len(tokens) - 1
@@ -130,13 +143,7 @@ class EagleProposer:
                     depth_of.append(depth + 1)
                     source_h.append(h[r])
         hf_internals.keep_rows(self.cache, self.committed, [])
-        keep = select_nodes(scores, parents, cfg.total_tokens)
-        new_index = {old: new for new, old in enumerate(keep)}
-        tree = DraftTree(
-            tuple(ids[i] for i in keep),
-            tuple(new_index[parents[i]] if parents[i] >= 0 else -1 for i in keep),
-        )
-        return Draft(tree)
+        return ids, parents, scores
 
 
 def _build(config: EagleConfig, ctx: ProposerContext) -> EagleProposer:

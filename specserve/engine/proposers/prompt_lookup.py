@@ -48,18 +48,24 @@ class PromptLookupProposer:
                 self._index.setdefault(tuple(tokens[end - n + 1 : end + 1]), []).append(end + 1)
         self._indexed = len(tokens)
 
-    def propose(self, tokens: list[int]) -> Draft:
+    def matches(self, tokens: list[int], limit: int) -> list[tuple[int, list[int]]]:
+        """Up to `limit` distinct continuations of earlier occurrences of the last tokens, each
+        with the length n of the suffix it matched (longest n first, most recent first)."""
         self._extend_index(tokens)
         self._proposed_at = len(tokens)
         cfg = self.config
-        chains: list[list[int]] = []
+        found: list[tuple[int, list[int]]] = []
         for n in range(min(cfg.max_ngram, len(tokens)), cfg.min_ngram - 1, -1):
             for start in reversed(self._index.get(tuple(tokens[-n:]), [])):
                 chain = tokens[start : start + self.draft_len]
-                if chain and chain not in chains:
-                    chains.append(chain)
-                if len(chains) == cfg.max_matches:
-                    return Draft(DraftTree.from_chains(chains))
+                if chain and all(chain != c for _, c in found):
+                    found.append((n, chain))
+                if len(found) == limit:
+                    return found
+        return found
+
+    def propose(self, tokens: list[int]) -> Draft:
+        chains = [chain for _, chain in self.matches(tokens, self.config.max_matches)]
         return Draft(DraftTree.from_chains(chains))
 
     def observe(self, draft: Draft, aux_tokens: list[int], tokens: list[int]) -> None:

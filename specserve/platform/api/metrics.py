@@ -93,6 +93,12 @@ class Metrics:
             [*labels, "position"],
             registry=r,
         )
+        self.accepted_by_source = Counter(
+            "specserve_accepted_tokens_by_source",
+            "Accepted draft tokens by the source that proposed them (merging strategies)",
+            [*labels, "source"],
+            registry=r,
+        )
         self.adapter_loads = Gauge(
             "specserve_adapter_loads", "Adapter loads", ["base_model", "replica"], registry=r
         )
@@ -178,6 +184,8 @@ class Metrics:
             self.drafted.labels(*labels, str(depth)).inc(count)
         for depth, count in enumerate(info.accepted_by_depth[:MAX_DEPTH_LABEL], 1):
             self.accepted.labels(*labels, str(depth)).inc(count)
+        for source, count in info.accepted_by_source.items():
+            self.accepted_by_source.labels(*labels, source).inc(count)
 
     def observe_error(self, endpoint: str, status: int, code: str | None) -> None:
         self.errors.labels(endpoint, str(status), code or "none").inc()

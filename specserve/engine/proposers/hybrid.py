@@ -1,0 +1,246 @@
+"""`hybrid`: one draft tree per step from every source a request has — EAGLE's dynamic tree (when
+a drafter is given), prompt-lookup matches over prompt + output, and the variant's n-gram pool
+(fed by a Lookahead window) — merged into one trie under one token budget.
+
+Every node is scored as the probability that verification accepts it: EAGLE's path confidence;
+for an n-gram chain, the product of its source's measured per-depth acceptance (`MatchStats`,
+shared per variant, keyed by match length). Nodes are kept best first; with the device's cost
+curve the number kept maximizes expected tokens per step over the step's cost.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from specserve.engine.match_stats import MatchStats, common_prefix
+from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy
+from specserve.engine.proposers.eagle import EagleConfig, EagleProposer
+from specserve.engine.proposers.lookahead import LookaheadConfig, LookaheadProposer
+from specserve.engine.proposers.prompt_lookup import PromptLookupConfig, PromptLookupProposer
+from specserve.engine.tree import Draft, DraftTree
+
+SOURCES = ("eagle", "prompt", "pool")  # how accepted tokens are attributed
+
+
+class HybridConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    budget: int = Field(12, ge=0, description="most draft tokens verified per step")
+    relative_cost: dict[int, float] = Field(
+        {},
+        description="verify cost per width relative to one row (the device cost curve); when "
+        "set, each step keeps the node count maximizing expected tokens / cost (<= budget)",
+    )
+    prompt: PromptLookupConfig = PromptLookupConfig(
+        max_ngram=3, min_ngram=1, draft_len=8, max_matches=4
+    )
+    pool_guesses: int = Field(4, ge=0, description="pool continuations considered per step")
+    pool_draft_len: int = Field(6, ge=1, description="pool chains extended by lookups to this")
+    window: LookaheadConfig | None = Field(
+        LookaheadConfig(window=2, ngram=3, guesses=0),
+        description="the Lookahead window that feeds the pool (None: the pool is fed by "
+        "prompt and output n-grams only)",
+    )
+    eagle: EagleConfig = EagleConfig(depth=5, topk=4, total_tokens=1)
+    use_drafter: bool = Field(True, description="draft with EAGLE when the variant has one")
+
+
+class _Trie:
+    """Merged candidates: node (parent, token) -> index; per node the best score (log
+    probability of acceptance) and the source that gave it."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.scores: list[float] = []
+        self.owners: list[str] = []
+        self._index: dict[tuple[int, int], int] = {}
+
+    def add(self, parent: int, token: int, score: float, owner: str) -> int:
+        node = self._index.get((parent, token))
+        if node is None:
+            node = self._index[(parent, token)] = len(self.tokens)
+            self.tokens.append(token)
+            self.parents.append(parent)
+            self.scores.append(score)
+            self.owners.append(owner)
+        elif score > self.scores[node]:
+            self.scores[node], self.owners[node] = score, owner
+        return node
+
+    def add_chain(self, chain: list[int], log_rates: list[float], owner: str) -> None:
+        parent, score = -1, 0.0
+        for token, log_rate in zip(chain, log_rates):
+            score += log_rate
+            parent = self.add(parent, token, score, owner)
+
+
+def keep_count(probs: list[float], budget: int, aux: int, relative_cost: dict[int, float]) -> int:
+    """How many of the best nodes (acceptance probabilities `probs`, best first) to verify.
+
+    Without a cost curve, `budget`. With one, the k <= budget maximizing (1 + sum of the first k)
+    / cost(1 + aux + k). Example: probs [0.9, 0.5, 0.1], costs {1: 1, 2: 1.1, 3: 1.3, 4: 1.9}:
+    k 0..3 give 1.0, 1.73, 1.85, 1.05 -> 2.
+    """
+    k_max = min(budget, len(probs))
+    if not relative_cost:
+        return k_max
+    best_k, best = 0, 0.0
+    expected = 1.0
+    for k in range(k_max + 1):
+        if k:
+            expected += probs[k - 1]
+        speed = expected / _relative(relative_cost, 1 + aux + k)
+        if speed > best:
+            best_k, best = k, speed
+    return best_k
+
+
+def _relative(cost: dict[int, float], width: int) -> float:
+    """The cheapest measured width that fits (padding is free); linear past the largest."""
+    fits = [cost[w] for w in cost if w >= width]
+    if fits:
+        return min(fits)
+    largest = max(cost)
+    return cost[largest] * width / largest
+
+
+class HybridProposer:
+    def __init__(self, config: HybridConfig, ctx: ProposerContext) -> None:
+        self.config = config
+        self.prompt = PromptLookupProposer(config.prompt)
+        window = config.window or LookaheadConfig(window=1, ngram=3, guesses=0)
+        self.lookahead = LookaheadProposer(window.model_copy(update={"guesses": 0}), ctx)
+        self.pool = self.lookahead.pool
+        self.stats: MatchStats = self.pool.match_stats
+        self.eagle = (
+            EagleProposer(config.eagle, ctx)
+            if config.use_drafter and ctx.drafter is not None
+            else None
+        )
+        self.feature_layers = self.eagle.feature_layers if self.eagle else ()
+        self.accepted_by_source = dict.fromkeys(SOURCES, 0)
+        self._chains: list[tuple[str, list[int]]] = []  # this step's n-gram chains
+        self._owners: dict[tuple[int, ...], str] = {}  # kept path -> its source
+        self._proposed_at = 0
+
+    def propose(self, tokens: list[int]) -> Draft:
+        self._proposed_at = len(tokens)
+        trie = _Trie()
+        self._chains = self._ngram_chains(tokens)
+        for source, chain in self._chains:
+            rates = self.stats.rates(source, len(chain))
+            trie.add_chain(chain, [math.log(r) for r in rates], source)
+        if self.eagle is not None:
+            self._add_eagle(trie, tokens)
+        aux = self.lookahead.propose(tokens).aux if self.config.window else None
+        return Draft(self._select(trie, len(aux.tokens) if aux else 0), aux)
+
+    def _ngram_chains(self, tokens: list[int]) -> list[tuple[str, list[int]]]:
+        found = self.prompt.matches(tokens, self.prompt.config.max_matches)
+        chains = [(f"prompt:{n}", chain) for n, chain in found]
+        key_len = self.lookahead.config.key_len
+        if self.config.pool_guesses and len(tokens) >= key_len:
+            for cont in self.pool.get(tokens[-key_len:], self.config.pool_guesses):
+                chains.append(("pool", self._extend(list(cont), key_len)))
+        return chains
+
+    def _extend(self, chain: list[int], key_len: int) -> list[int]:
+        """A pool chain lengthened by looking its own tail up, up to `pool_draft_len` tokens."""
+        while len(chain) < self.config.pool_draft_len and len(chain) >= key_len:
+            more = self.pool.get(chain[-key_len:], 1)
+            if not more:
+                break
+            chain.extend(more[0])
+        return chain[: self.config.pool_draft_len]
+
+    def _add_eagle(self, trie: _Trie, tokens: list[int]) -> None:
+        ids, parents, scores = self.eagle.candidates(tokens)
+        node_of: dict[int, int] = {}
+        for i, (token, parent, score) in enumerate(zip(ids, parents, scores)):
+            node_of[i] = trie.add(node_of[parent] if parent >= 0 else -1, token, score, "eagle")
+
+    def _select(self, trie: _Trie, aux: int) -> DraftTree:
+        order = sorted(range(len(trie.tokens)), key=lambda i: (-trie.scores[i], i))
+        probs = [math.exp(trie.scores[i]) for i in order]
+        k = keep_count(probs, self.config.budget, aux, self.config.relative_cost)
+        keep = sorted(order[:k])  # best first is closed under ancestors: scores fall with depth
+        new_index = {old: new for new, old in enumerate(keep)}
+        paths: dict[int, tuple[int, ...]] = {}
+        self._owners = {}
+        for i in keep:
+            parent = trie.parents[i]
+            paths[i] = (paths[parent] if parent >= 0 else ()) + (trie.tokens[i],)
+            self._owners[paths[i]] = trie.owners[i].split(":")[0]
+        return DraftTree(
+            tuple(trie.tokens[i] for i in keep),
+            tuple(new_index[trie.parents[i]] if trie.parents[i] >= 0 else -1 for i in keep),
+        )
+
+    def observe(self, draft: Draft, aux_tokens: list[int], tokens: list[int]) -> None:
+        committed = tokens[self._proposed_at :]  # accepted draft tokens, then the bonus (if room)
+        verified = _paths(draft.tree)
+        for source, chain in self._chains:
+            depth = 0
+            while depth < len(chain) and tuple(chain[: depth + 1]) in verified:
+                depth += 1
+            self.stats.record(source, depth, common_prefix(chain[:depth], committed))
+        for d in range(1, len(committed) + 1):  # the bonus is never a kept node: it stops there
+            owner = self._owners.get(tuple(committed[:d]))
+            if owner is None:
+                break
+            self.accepted_by_source[owner] += 1
+        self.lookahead.observe(draft, aux_tokens, tokens)  # no window: feeds the pool only
+
+    def observe_features(self, features, tokens: list[int]) -> None:
+        self.eagle.observe_features(features, tokens)
+
+
+def _paths(tree: DraftTree) -> set[tuple[int, ...]]:
+    """Every node's token path from the root. Example: tokens (5, 6, 8), parents (-1, 0, -1)
+    -> {(5,), (5, 6), (8,)}."""
+    paths: list[tuple[int, ...]] = []
+    for token, parent in zip(tree.tokens, tree.parents):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+    return set(paths)
+
+
+def _build(config: HybridConfig, ctx: ProposerContext) -> HybridProposer:
+    return HybridProposer(config, ctx)
+
+
+def with_drafter_tree(config: HybridConfig | dict | None, tree: dict) -> dict:
+    """The EAGLE part expands as the drafter's device-sized tree does (its depth and top-k);
+    which nodes are kept is the merged budget's choice."""
+    base = HybridConfig.model_validate(config or {})
+    eagle = base.eagle.model_copy(update={"depth": tree["depth"], "topk": tree["topk"]})
+    return base.model_copy(update={"eagle": eagle}).model_dump()
+
+
+def limit(config: HybridConfig, k: int) -> HybridConfig:
+    """At most k tokens per step. The tree is worth more than the window that feeds the pool:
+    the window stays only while it takes at most half of k.
+
+    Example: budget 12 with a 2 x 2 window (4 rows): k = 6 -> budget 6, no window; k = 10 ->
+    the window and budget 6.
+    """
+    window = config.window
+    aux = window.window * (window.ngram - 1) if window else 0
+    if aux > k // 2:
+        window, aux = None, 0
+    return config.model_copy(update={"budget": min(config.budget, k - aux), "window": window})
+
+
+HYBRID = REGISTRY.register(
+    Strategy(
+        "hybrid",
+        HybridConfig,
+        _build,
+        limit,
+        drafter_kind="eagle",
+        drafter_optional=True,
+        with_drafter_tree=with_drafter_tree,
+    )
+)

@@ -1,0 +1,137 @@
+"""The hybrid proposer: one tree from EAGLE, prompt lookup and the pool. Its pure parts (the
+budget, the load cut) by worked examples; its merge by what it must reduce to; its output equal
+to `ar` with and without a drafter; per-source attribution adding up."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specserve.engine.ngram_pool import NGramPool
+from specserve.engine.proposers.base import ProposerContext
+from specserve.engine.proposers.hybrid import (
+    HybridConfig,
+    HybridProposer,
+    _paths,
+    keep_count,
+    limit,
+)
+from specserve.engine.sampling import SamplingParams
+from specserve.engine.tree import DraftTree
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_keep_count_worked_example():
+    costs = {1: 1.0, 2: 1.1, 3: 1.3, 4: 1.9}
+    assert keep_count([0.9, 0.5, 0.1], 8, 0, costs) == 2
+    assert keep_count([0.9, 0.5, 0.1], 1, 0, costs) == 1  # the budget caps it
+    assert keep_count([0.9, 0.5, 0.1], 8, 0, {}) == 3  # no curve: the budget (or all there is)
+    assert keep_count([0.01], 8, 0, {1: 1.0, 2: 1.5}) == 0  # not worth a row
+
+
+def test_keep_count_counts_the_window_rows():
+    costs = {1: 1.0, 4: 1.0, 5: 2.0}
+    assert keep_count([0.9], 4, 3, costs) == 0  # 1 + 3 window rows + 1 node = 5: too dear
+    assert keep_count([0.9], 4, 2, costs) == 1
+
+
+def test_limit_worked_example():
+    cfg = HybridConfig(budget=12)  # 2 x 2 window: 4 aux rows
+    small = limit(cfg, 6)
+    assert small.budget == 6 and small.window is None
+    mid = limit(cfg, 10)
+    assert mid.window is not None and mid.budget == 6  # 4 window rows + 6 nodes
+
+
+def test_paths_example():
+    assert _paths(DraftTree((5, 6, 8), (-1, 0, -1))) == {(5,), (5, 6), (8,)}
+
+
+def _proposer(prompt, pool=None, **cfg) -> HybridProposer:
+    ctx = ProposerContext(list(prompt), vocab_size=96, seed=0, pool=pool)
+    return HybridProposer(HybridConfig.model_validate({"window": None, **cfg}), ctx)
+
+
+def test_shared_prefixes_share_nodes():
+    """A prompt match and a pool continuation starting alike become one branch."""
+    pool = NGramPool()
+    prompt = [1, 2, 3, 4, 9, 1]  # "1" was followed by 2 3 4 9 1
+    proposer = _proposer(prompt, pool, pool_draft_len=3)
+    pool.add((1,), (2, 3, 7))  # after the prompt's own n-grams: most recent first
+    tree = proposer.propose(prompt).tree
+    assert _paths(tree) >= {(2,), (2, 3), (2, 3, 4), (2, 3, 7)}
+    assert tree.tokens.count(2) == 1  # one node for the shared first token
+
+
+def test_the_budget_goes_to_the_better_measured_source():
+    pool = NGramPool()
+    prompt = [1, 2, 3, 4, 9, 1]
+    for _ in range(50):  # the pool's drafts were accepted; the prompt's 1-token matches were not
+        pool.match_stats.record("pool", 2, 2)
+        pool.match_stats.record("prompt:1", 2, 0)
+    proposer = _proposer(prompt, pool, budget=2, pool_draft_len=2, pool_guesses=1)
+    pool.add((1,), (5, 6))  # after the prompt's own n-grams: the most recent
+    proposer.prompt.config = proposer.prompt.config.model_copy(update={"max_ngram": 1})
+    tree = proposer.propose(prompt).tree
+    assert tree.tokens == (5, 6) and tree.parents == (-1, 0)
+
+
+def test_observe_learns_per_source_and_attributes():
+    pool = NGramPool()
+    prompt = [1, 2, 3, 4, 9, 1]
+    proposer = _proposer(prompt, pool, pool_guesses=0)
+    draft = proposer.propose(prompt)
+    assert (2, 3, 4) in _paths(draft.tree)
+    # the target accepted 2, 3 and then chose 8 (the bonus)
+    proposer.observe(draft, [], prompt + [2, 3, 8])
+    tried, accepted = pool.match_stats.snapshot()["prompt:1"]
+    assert accepted[:2] == [1, 1] and tried[:3] == [1, 1, 1]
+    assert proposer.accepted_by_source == {"eagle": 0, "prompt": 2, "pool": 0}
+
+
+@pytest.mark.parametrize("budget", [1, 4, 10])
+def test_reduces_to_eagle_without_ngram_matches(drafting_engine, budget):
+    """With no n-gram source able to match, the merged tree is EAGLE-2's own: same trees, so
+    the same forwards and acceptance, step for step."""
+    engine = drafting_engine()
+    rng = random.Random(budget)
+    prompt = rng.sample(range(96), 40)  # distinct tokens; prompt lookup needs 30-token repeats
+    params = SamplingParams(max_new_tokens=24)
+    eagle_cfg = {"depth": 3, "topk": 3, "total_tokens": budget}
+    hybrid_cfg = {
+        "budget": budget,
+        "window": None,
+        "pool_guesses": 0,
+        "prompt": {"min_ngram": 30, "max_ngram": 30},
+        "eagle": {"depth": 3, "topk": 3},
+    }
+    eagle = engine.generate(prompt, params, "eagle", eagle_cfg)
+    hybrid = engine.generate(prompt, params, "hybrid", hybrid_cfg)
+    assert hybrid.output_ids == eagle.output_ids == engine.generate(prompt, params).output_ids
+    assert hybrid.widths == eagle.widths
+    assert hybrid.accepted_by_depth == eagle.accepted_by_depth
+    assert set(hybrid.accepted_by_source) == {"eagle", "prompt", "pool"}
+    assert hybrid.accepted_by_source["prompt"] == hybrid.accepted_by_source["pool"] == 0
+
+
+@pytest.mark.parametrize("prompt_len", [3, 30, 120])
+@pytest.mark.parametrize("with_drafter", [True, False])
+def test_equals_ar_and_attribution_adds_up(drafting_engine, prompt_len, with_drafter):
+    engine = drafting_engine()
+    rng = random.Random(prompt_len)
+    segment = [rng.randrange(96) for _ in range(9)]
+    prompt = (segment * (prompt_len // 9 + 1))[:prompt_len]
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    cfg = {"use_drafter": with_drafter, "budget": 10}
+    got = engine.generate(prompt, params, "hybrid", cfg)
+    assert got.output_ids == engine.generate(prompt, params).output_ids
+    # committed draft tokens: every output token but one bonus per forward (the last forward's
+    # bonus may have been cut by max_new_tokens)
+    bonus_free = len(got.output_ids) - got.forwards
+    assert bonus_free <= sum(got.accepted_by_source.values()) <= bonus_free + 1
+    if not with_drafter:
+        assert got.accepted_by_source["eagle"] == 0
+    if prompt_len >= 30:
+        assert got.tau > 1.1  # drafts are accepted: the equality is not that of empty drafts
