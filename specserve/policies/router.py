@@ -80,6 +80,8 @@ def decide(view: VariantView, ongoing: int, settings: PolicySettings, now: float
 
 
 def _by_lifecycle(view: VariantView, settings: PolicySettings, now: float) -> Decision:
+    if settings.hybrid:
+        return _hybrid(view, settings, now)
     changing = _changing_reason(view, settings, now)
     if changing:
         return Decision("lookahead", f"{changing}; lookahead needs no training")
@@ -108,6 +110,25 @@ def _by_lifecycle(view: VariantView, settings: PolicySettings, now: float) -> De
             train_kind=settings.train_kind,
         )
     return Decision("lookahead", "stable without a drafter")
+
+
+def _hybrid(view: VariantView, settings: PolicySettings, now: float) -> Decision:
+    """Hybrid never chooses between a drafter and n-grams: it merges what the variant has.
+
+    Example: a stable variant with a usable eagle drafter -> Decision("hybrid", "stable; hybrid
+    with its eagle drafter and n-grams").
+    """
+    changing = _changing_reason(view, settings, now)
+    if changing:
+        return Decision("hybrid", f"{changing}; hybrid from n-grams alone (no training)")
+    usable = [d.kind for d in usable_drafters(view) if d.kind == "eagle"]
+    if usable:
+        return Decision("hybrid", "stable; hybrid with its eagle drafter and n-grams")
+    train = settings.auto_train and view.name is not None and not view.drafters
+    reason = "stable without a drafter; hybrid from n-grams alone"
+    if train:
+        reason += f"; queueing {settings.train_kind} training"
+    return Decision("hybrid", reason, train_kind=settings.train_kind if train else None)
 
 
 def _changing_reason(view: VariantView, settings: PolicySettings, now: float) -> str | None:

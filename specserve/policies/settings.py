@@ -41,6 +41,12 @@ class PolicySettings(BaseModel):
         default_factory=lambda: list(KIND_NAMES),
         description="drafter kinds the policy may pick (each a strategy that needs trained heads)",
     )
+    hybrid: bool = Field(
+        False,
+        description="serve with the hybrid proposer: n-grams alone while a variant changes or "
+        "has no drafter, with its drafter merged in once one is usable (off: lookahead or the "
+        "drafter, chosen by tau; see docs/performance.md for where each wins)",
+    )
     busy_ongoing: int = Field(
         4, ge=1, description="ongoing requests per replica at which drafts shrink"
     )

@@ -253,7 +253,7 @@ def test_requested_speculation_beats_the_policy_and_a_force_and_decodes_exactly(
     request = GenerateRequest(target=target, prompt=PROMPT, params=params, speculation="eagle")
     assert GenerateRequest.model_validate(request.model_dump()) == request  # as through Ray
     assert not _request(target).load_aware  # the admin's force, unasked: never cut
-    with pytest.raises(ValueError, match="valid values: off, ar, eagle, lookahead, prompt_lookup"):
+    with pytest.raises(ValueError, match="valid values: off, ar, eagle, hybrid, lookahead, prompt_lookup"):
         GenerateRequest(target=target, prompt=PROMPT, params=params, speculation="medusa")
 
 
@@ -544,3 +544,51 @@ def test_a_hung_engine_loop_with_work_is_unhealthy_after_the_bound(service, monk
     _wait_for(lambda: service.scheduler.active() == 0)
     assert service.health(stall_s=0.5).ok
     hold.close()
+
+
+def test_hybrid_merges_the_variants_drafter_and_says_so(
+    service, tiny_llama, make_adapter, merge_adapter, random_drafter, tmp_path
+):
+    """Under `hybrid: true` a stable variant with a usable eagle drafter is served by one hybrid
+    tree holding it; one whose drafter is refused (another version's) drafts from n-grams alone
+    instead of falling back to lookahead; both stream the merged model's tokens."""
+    from specserve.adapters.fingerprint import adapter_sha256
+    from specserve.engine.drafters.modules import EagleSpec
+
+    base = tiny_llama(1, init_range=0.1)
+    path, other = make_adapter("hy", base, seed=5), make_adapter("other", base, seed=6)
+    sha = adapter_sha256(path)
+    service.ensure_variant(Target(name="hy", version=1, adapter_path=str(path)))
+    merged = Engine(merge_adapter(base, path), WordTokenizer(), frozenset())
+    expected = merged.generate(
+        [5, 9, 14, 3, 5, 9, 14, 7, 5, 9], SamplingParams(max_new_tokens=20)
+    ).text
+    for drafter_sha, says in ((sha, "with the eagle drafter"), (adapter_sha256(other), "alone")):
+        artifact = _save_drafter(
+            random_drafter,
+            service.adapters.model,
+            tmp_path / drafter_sha[:8],
+            drafter_sha,
+            EagleSpec(),
+        )
+        usable = DrafterView(kind="eagle", state="succeeded", tau=1.2, artifact_dir=str(artifact))
+        target = Target(
+            name="hy",
+            version=1,
+            adapter_path=str(path),
+            adapter_sha256=sha,
+            version_times=[0.0],
+            drafters=[usable],
+            policy=PolicySettings(hybrid=True),
+        )
+        decision, config, drafter = service.choose(_request(target))
+        assert decision.strategy == "hybrid" and says in decision.reason
+        assert (drafter is not None) == (drafter_sha == sha)
+        events = _run(service, _request(target))
+        assert "".join(e.text for e in events[:-1]) == expected
+        done = events[-1].specserve
+        assert done.strategy == "hybrid" and set(done.accepted_by_source) <= {
+            "eagle",
+            "prompt",
+            "pool",
+        }

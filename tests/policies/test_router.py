@@ -129,3 +129,23 @@ def test_settings_validate_and_load_the_shipped_file():
         PolicySettings.model_validate({"stabilty_window_s": 5})
     with pytest.raises(ValueError, match="saturated_ongoing"):
         PolicySettings(busy_ongoing=8, saturated_ongoing=8)
+
+
+HYBRID = PolicySettings(hybrid=True)
+
+
+def test_hybrid_merges_instead_of_choosing():
+    usable = DrafterView(kind="eagle", state="succeeded", tau=1.2, artifact_dir="/d/eagle")
+    d = decide(view(STABLE, [usable]), 0, HYBRID, NOW)
+    assert d == Decision("hybrid", "stable; hybrid with its eagle drafter and n-grams")
+    # a drafter that is not stored yet does not count: n-grams alone, and no second training
+    d = decide(view(STABLE, [drafter("eagle", "running")]), 0, HYBRID, NOW)
+    assert d.strategy == "hybrid" and "n-grams alone" in d.reason and d.train_kind is None
+
+
+def test_hybrid_while_changing_and_untrained():
+    d = decide(view([NOW - 50, NOW - 30, NOW - 10]), 0, HYBRID, NOW)
+    assert d.strategy == "hybrid" and "changing" in d.reason and "n-grams alone" in d.reason
+    d = decide(view(STABLE), 0, HYBRID, NOW)
+    assert d.strategy == "hybrid" and d.train_kind == "eagle" and "queueing" in d.reason
+    assert decide(view(STABLE), HYBRID.saturated_ongoing, HYBRID, NOW).strategy == "ar"

@@ -32,7 +32,7 @@ BASE = "tiny-llama"
 PROMPT = "w5 w9 w14 w3 w5 w9 w14 w7 w5 w9 w14 w3 w5"
 MESSAGES = [{"role": "user", "content": PROMPT}]
 ASKED = {"off": "ar", "prompt_lookup": "prompt_lookup", "lookahead": "lookahead"}
-VALID = "valid values: off, ar, lookahead, prompt_lookup"  # the base model has no drafter
+VALID = "valid values: off, ar, hybrid, lookahead, prompt_lookup"  # the base model has no drafter
 
 
 @pytest.fixture
