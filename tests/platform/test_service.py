@@ -581,7 +581,7 @@ def test_hybrid_merges_the_variants_drafter_and_says_so(
             drafters=[usable],
             policy=PolicySettings(hybrid=True),
         )
-        decision, config, drafter = service.choose(_request(target))
+        decision, _, drafter = service.choose(_request(target))
         assert decision.strategy == "hybrid" and says in decision.reason
         assert (drafter is not None) == (drafter_sha == sha)
         events = _run(service, _request(target))
