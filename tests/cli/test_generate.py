@@ -9,7 +9,10 @@ import pytest
 @pytest.mark.parametrize(
     "args, field",
     [
-        (["--strategy", "foo"], "valid strategies: ar, eagle, hybrid, lookahead, medusa, prompt_lookup"),
+        (
+            ["--strategy", "foo"],
+            "valid strategies: ar, eagle, hybrid, lookahead, medusa, prompt_lookup",
+        ),
         (["--config", "windw=3"], "windw"),
         (["--temperature", "-1"], "temperature"),
         (["--top-p", "1.5"], "top_p"),

@@ -253,7 +253,9 @@ def test_requested_speculation_beats_the_policy_and_a_force_and_decodes_exactly(
     request = GenerateRequest(target=target, prompt=PROMPT, params=params, speculation="eagle")
     assert GenerateRequest.model_validate(request.model_dump()) == request  # as through Ray
     assert not _request(target).load_aware  # the admin's force, unasked: never cut
-    with pytest.raises(ValueError, match="valid values: off, ar, eagle, hybrid, lookahead, prompt_lookup"):
+    with pytest.raises(
+        ValueError, match="valid values: off, ar, eagle, hybrid, lookahead, prompt_lookup"
+    ):
         GenerateRequest(target=target, prompt=PROMPT, params=params, speculation="medusa")
 
 
