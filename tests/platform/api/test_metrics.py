@@ -72,3 +72,17 @@ def test_replica_batch_figures_render():
     assert 'figure="decode_steps",replica="r1"} 40.0' in text
     assert 'figure="decode_seconds",replica="r1"} 6.5' in text
     assert 'figure="prefill_tokens",replica="r1"} -1.0' in text  # not reported: unknown
+
+
+def test_accepted_tokens_by_source_render_and_stay_out_of_the_response_when_empty():
+    done = _done("support", "hybrid")
+    info = done.specserve.model_copy(update={"accepted_by_source": {"prompt": 3, "pool": 1}})
+    m = Metrics()
+    m.observe_request("chat", "smollm2-135m", done.model_copy(update={"specserve": info}), 1, 0, [])
+    text = m.render().decode()
+    assert (
+        'specserve_accepted_tokens_by_source_total{base_model="smollm2-135m",source="prompt",strategy="hybrid",variant="support"} 3.0'
+        in text
+    )
+    assert "accepted_by_source" not in _done("support").model_dump()["specserve"]
+    assert info.model_dump()["accepted_by_source"] == {"prompt": 3, "pool": 1}
