@@ -139,7 +139,7 @@ def test_batched_schedules_through_the_compiled_forward_equal_each_request_alone
     calls = target.calls
     reqs = [r | {"temperature": 0.0} for r in requests(seed, 12)]
     if not features:  # no Medusa / EAGLE rows: every decode step can run compiled
-        swap = {"medusa": "ar", "eagle": "lookahead"}
+        swap = {"medusa": "ar", "eagle": "lookahead", "hybrid": "prompt_lookup"}
         reqs = [r | {"strategy": swap.get(r["strategy"], r["strategy"])} for r in reqs]
     scheduler = Scheduler(engine, BatchSettings(max_batch=6, prefill_chunk=16))
     seen = run(engine, scheduler, reqs)

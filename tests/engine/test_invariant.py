@@ -163,10 +163,10 @@ def _ar_alone(engine, req) -> list[int]:
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_bf16_every_strategy_in_random_batches_equals_bf16_ar_alone(bf16_engines, seed):
-    """Random schedules (5 strategies, 3 adapters + base, greedy and seeded, joins, prefill
+    """Random schedules (6 strategies, 3 adapters + base, greedy and seeded, joins, prefill
     chunks): each request's ids equal its own `ar` decoded alone, bit for bit."""
     engine, _ = bf16_engines
-    reqs = [r | {"cancel_at": None, "join_at": r["join_at"] // 4} for r in requests(seed, 20)]
+    reqs = [r | {"cancel_at": None, "join_at": r["join_at"] // 4} for r in requests(seed, 24)]
     scheduler = Scheduler(engine, BatchSettings(max_batch=16, prefill_chunk=16))
     seen = run(engine, scheduler, reqs)
     for i, req in enumerate(reqs):
