@@ -21,6 +21,7 @@ STRATEGIES = {
     "lookahead": {"window": 3, "ngram": 3, "guesses": 2},
     "medusa": {"tree_size": 6},
     "eagle": {"depth": 3, "topk": 2, "total_tokens": 6},
+    "hybrid": {"budget": 8, "eagle": {"depth": 3, "topk": 2, "total_tokens": 1}},
 }
 GREEDY = SamplingParams(max_new_tokens=24, logprobs=5)
 SAMPLED = SamplingParams(

@@ -124,6 +124,7 @@ def test_biased_acceptance_is_detected(engine, ar_samples, monkeypatch, seeded):
 DRAFTER_CONFIGS = {
     "medusa": {"tree_size": 6, "accept_rates": [[0.4, 0.3, 0.2], [0.3, 0.2]]},
     "eagle": {"depth": 2, "topk": 3, "total_tokens": 6},
+    "hybrid": {"budget": 8, "eagle": {"depth": 2, "topk": 3}},  # EAGLE + n-grams in one tree
 }
 
 
@@ -138,7 +139,7 @@ def drafter_engine(engine, random_drafter):
     return Engine(engine.model, engine.tokenizer, frozenset(), drafters=drafters)
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "hybrid"])
 def test_drafter_sampling_matches_ar(drafter_engine, ar_samples, kind):
     """Trees of deterministic top-k drafts, verified by recursive rejection sampling."""
     spec, tau = _sample(drafter_engine, kind, DRAFTER_CONFIGS[kind])

@@ -22,6 +22,7 @@ STRATEGIES = {
     "lookahead": {"window": 3, "ngram": 3, "guesses": 2},
     "medusa": {"tree_size": 6},
     "eagle": {"depth": 3, "topk": 2, "total_tokens": 6},
+    "hybrid": {"budget": 8, "eagle": {"depth": 3, "topk": 2, "total_tokens": 1}},
 }
 
 
