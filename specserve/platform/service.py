@@ -260,7 +260,7 @@ class ModelService:
             return Decision("lookahead", reason), None, None
         notes = list(drafter.notes or [])
         if optional:
-            notes.insert(0, f"with the {kind} drafter")
+            notes.insert(0, f"{kind} drafter loaded")
         if notes:
             decision = dataclasses.replace(decision, reason="; ".join([decision.reason, *notes]))
         return decision, drafter, drafter_cfg

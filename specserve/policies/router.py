@@ -116,14 +116,14 @@ def _hybrid(view: VariantView, settings: PolicySettings, now: float) -> Decision
     """Hybrid never chooses between a drafter and n-grams: it merges what the variant has.
 
     Example: a stable variant with a usable eagle drafter -> Decision("hybrid", "stable; hybrid
-    with its eagle drafter and n-grams").
+    of n-grams and its eagle drafter"); the service then says whether the drafter loaded.
     """
     changing = _changing_reason(view, settings, now)
     if changing:
         return Decision("hybrid", f"{changing}; hybrid from n-grams alone (no training)")
     usable = [d.kind for d in usable_drafters(view) if d.kind == "eagle"]
     if usable:
-        return Decision("hybrid", "stable; hybrid with its eagle drafter and n-grams")
+        return Decision("hybrid", "stable; hybrid of n-grams and its eagle drafter")
     train = settings.auto_train and view.name is not None and not view.drafters
     reason = "stable without a drafter; hybrid from n-grams alone"
     if train:

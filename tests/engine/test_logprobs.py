@@ -9,20 +9,13 @@ import random
 
 import pytest
 import torch
+from schedules import STRATEGIES
 
 from specserve.engine.decode import Engine
 from specserve.engine.logprobs import committed_rows, logprob_rows, step_logprobs, token_logprobs
 from specserve.engine.sampling import SamplingParams, target_probs
 from specserve.engine.scheduler import BatchSettings, Scheduler
 
-STRATEGIES = {
-    "ar": None,
-    "prompt_lookup": None,
-    "lookahead": {"window": 3, "ngram": 3, "guesses": 2},
-    "medusa": {"tree_size": 6},
-    "eagle": {"depth": 3, "topk": 2, "total_tokens": 6},
-    "hybrid": {"budget": 8, "eagle": {"depth": 3, "topk": 2, "total_tokens": 1}},
-}
 GREEDY = SamplingParams(max_new_tokens=24, logprobs=5)
 SAMPLED = SamplingParams(
     max_new_tokens=24, temperature=0.7, top_p=0.9, top_k=12, seed=3, logprobs=5

@@ -9,21 +9,13 @@ from collections import Counter
 
 import pytest
 import torch
+from schedules import STRATEGIES
 from scipy.stats import chisquare
 
 from specserve.engine.ngram_pool import NGramPool
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.seeded import mix, node_positions, seeded_accept, seeded_tokens, uniform
 from specserve.engine.tree import DraftTree
-
-STRATEGIES = {
-    "ar": None,
-    "prompt_lookup": None,
-    "lookahead": {"window": 3, "ngram": 3, "guesses": 2},
-    "medusa": {"tree_size": 6},
-    "eagle": {"depth": 3, "topk": 2, "total_tokens": 6},
-    "hybrid": {"budget": 8, "eagle": {"depth": 3, "topk": 2, "total_tokens": 1}},
-}
 
 
 def _reference_tokens(probs: torch.Tensor, seed: int, positions: list[int]) -> list[int]:

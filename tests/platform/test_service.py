@@ -565,7 +565,7 @@ def test_hybrid_merges_the_variants_drafter_and_says_so(
     expected = merged.generate(
         [5, 9, 14, 3, 5, 9, 14, 7, 5, 9], SamplingParams(max_new_tokens=20)
     ).text
-    for drafter_sha, says in ((sha, "with the eagle drafter"), (adapter_sha256(other), "alone")):
+    for drafter_sha, says in ((sha, "eagle drafter loaded"), (adapter_sha256(other), "alone")):
         artifact = _save_drafter(
             random_drafter,
             service.adapters.model,

@@ -137,7 +137,7 @@ HYBRID = PolicySettings(hybrid=True)
 def test_hybrid_merges_instead_of_choosing():
     usable = DrafterView(kind="eagle", state="succeeded", tau=1.2, artifact_dir="/d/eagle")
     d = decide(view(STABLE, [usable]), 0, HYBRID, NOW)
-    assert d == Decision("hybrid", "stable; hybrid with its eagle drafter and n-grams")
+    assert d == Decision("hybrid", "stable; hybrid of n-grams and its eagle drafter")
     # a drafter that is not stored yet does not count: n-grams alone, and no second training
     d = decide(view(STABLE, [drafter("eagle", "running")]), 0, HYBRID, NOW)
     assert d.strategy == "hybrid" and "n-grams alone" in d.reason and d.train_kind is None
