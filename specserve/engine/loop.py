@@ -58,7 +58,8 @@ class EngineLoop:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        """False from the moment the loop is declared dead, before its thread has unwound."""
+        return self.dead is None and self._thread is not None and self._thread.is_alive()
 
     def start(self) -> EngineLoop:
         self._thread = threading.Thread(target=self.run, name="specserve-engine", daemon=True)

@@ -1,1 +1,1 @@
-"""Drafter training by self-distillation: prompts, target answers and features, trainers."""
+"""Drafter training on a fixed corpus by teacher forcing (prefill only), and LoRA fine-tuning."""

@@ -1,7 +1,9 @@
-"""Turn distilled sequences and their teacher features into training tensors per drafter kind.
+"""Turn corpus sequences and their teacher data into training tensors per drafter kind.
 
-Medusa: rows (feature at t, tokens t+2..t+K+1). EAGLE: padded sequences of (feature t, token
-t+1) pairs with the next final feature and the token after it as targets.
+Token targets are the target's own greedy tokens (`greedy[t]`: its argmax after position t), so
+a drafter learns what the target would accept even where the corpus text is not the target's.
+Medusa: rows (feature at t, greedy[t+1..t+K]). EAGLE: padded sequences of (feature t, token t+1)
+pairs with the next final feature and greedy[t+1] as targets.
 """
 
 from __future__ import annotations
@@ -34,24 +36,26 @@ def medusa_rows(
     sequences: list[list[int]],
     prompt_lens: list[int],
     features: list[torch.Tensor],  # each [T, 1, H]
+    greedy: list[torch.Tensor],  # each [T]
     heads: int,
     index: torch.Tensor,
 ) -> MedusaRows:
-    """One row per answer position t (P - 1 <= t <= T - 3): features[t] and the K tokens after
-    the next one. Example: T 5, P 2, K 2 -> rows t = 1, 2 with targets ids[3:5], [ids[4], IGNORE]."""
+    """One row per answer position t (P - 1 <= t <= T - 3): features[t] and, for head k, the
+    target's greedy token after position t + k + 1. Example: T 5, P 2, K 2 -> rows t = 1, 2 with
+    targets greedy[2:4], [greedy[3], greedy[4]]."""
     xs, ys = [], []
-    for ids, p, f in zip(sequences, prompt_lens, features):
+    for ids, p, f, g in zip(sequences, prompt_lens, features, greedy):
         t = len(ids)
-        ids_t = torch.tensor(ids + [0] * (heads + 2), dtype=torch.long)
+        g_t = torch.cat([g.long(), torch.zeros(heads + 1, dtype=torch.long)])
         for pos in range(max(p - 1, 0), t - 2):
             xs.append(f[pos, 0])
-            tgt = index[ids_t[pos + 2 : pos + 2 + heads]].clone()
-            beyond = torch.arange(heads) + pos + 2 >= t
+            tgt = index[g_t[pos + 1 : pos + 1 + heads]].clone()
+            beyond = torch.arange(heads) + pos + 1 >= t
             tgt[beyond] = IGNORE
             ys.append(tgt)
     if not xs:
         raise ValueError("medusa: no training rows (answers too short)")
-    return MedusaRows(torch.stack(xs), torch.stack(ys))
+    return MedusaRows(torch.stack(xs).float(), torch.stack(ys))
 
 
 @dataclass
@@ -70,10 +74,11 @@ def eagle_batch(
     sequences: list[list[int]],
     prompt_lens: list[int],
     features: list[torch.Tensor],  # each [T, layers + 1, H]; the last layer slot is the final
+    greedy: list[torch.Tensor],  # each [T]
     index: torch.Tensor,
 ) -> EagleBatch:
-    """Pairs t = 0..T-2 of each sequence, right-padded; token targets only in the answer
-    (t + 2 >= P) and inside the sequence (t + 2 < T)."""
+    """Pairs t = 0..T-2 of each sequence, right-padded; token targets greedy[t + 1] only in the
+    answer (t + 2 >= P) and inside the sequence (t + 2 < T)."""
     n = max(len(s) for s in sequences) - 1
     b = len(sequences)
     layers = features[0].shape[1] - 1
@@ -83,7 +88,7 @@ def eagle_batch(
     next_final = torch.zeros(b, n, hidden)
     targets = torch.full((b, n), IGNORE, dtype=torch.long)
     valid = torch.zeros(b, n, dtype=torch.bool)
-    for r, (ids, p, f) in enumerate(zip(sequences, prompt_lens, features)):
+    for r, (ids, p, f, g) in enumerate(zip(sequences, prompt_lens, features, greedy)):
         m = len(ids) - 1
         ids_t = torch.tensor(ids, dtype=torch.long)
         feats[r, :m] = f[:m, :layers]
@@ -92,7 +97,7 @@ def eagle_batch(
         valid[r, :m] = True
         lo = max(p - 2, 0)
         if m - 1 > lo:
-            targets[r, lo : m - 1] = index[ids_t[lo + 2 :]]
+            targets[r, lo : m - 1] = index[g[lo + 1 : m].long()]
     return EagleBatch(feats, next_tokens, next_final, targets, valid)
 
 
@@ -100,6 +105,7 @@ def eagle_batches(
     sequences: list[list[int]],
     prompt_lens: list[int],
     features: list[torch.Tensor],
+    greedy: list[torch.Tensor],
     index: torch.Tensor,
     size: int,
     context: int,
@@ -111,6 +117,7 @@ def eagle_batches(
     sequences = [s[c:] for s, c in zip(sequences, cut)]
     prompt_lens = [p - c for p, c in zip(prompt_lens, cut)]
     features = [f[c:] for f, c in zip(features, cut)]
+    greedy = [g[c:] for g, c in zip(greedy, cut)]
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     out = []
     for s in range(0, len(order), size):
@@ -120,6 +127,7 @@ def eagle_batches(
                 [sequences[i] for i in idx],
                 [prompt_lens[i] for i in idx],
                 [features[i] for i in idx],
+                [greedy[i] for i in idx],
                 index,
             )
         )

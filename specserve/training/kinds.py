@@ -30,11 +30,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Sequences:
-    """Distilled sequences (prompt + answer) with their prompt lengths and teacher features."""
+    """Corpus sequences (prompt + answer) with their prompt lengths and teacher data."""
 
     tokens: list[list[int]]
     prompt_lens: list[int]
     features: list[torch.Tensor]  # each [T, len(teacher_layers), H]
+    greedy: list[torch.Tensor]  # each [T]: the target's argmax after position t
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def _medusa_spec(settings: DrafterTrainSettings, vocab_size: int) -> MedusaSpec:
 def _train_medusa(job: TrainingJob) -> Trained:
     heads = job.spec.heads
     train, held = (
-        examples.medusa_rows(s.tokens, s.prompt_lens, s.features, heads, job.index)
+        examples.medusa_rows(s.tokens, s.prompt_lens, s.features, s.greedy, heads, job.index)
         for s in (job.train, job.heldout)
     )
     state = trainers.train_medusa(
@@ -115,12 +116,16 @@ def _eagle_layers(spec: EagleSpec) -> tuple[int, ...]:
 def _train_eagle(job: TrainingJob) -> Trained:
     ts, context = job.settings.trainer, job.settings.eagle_context
     train, held = (
-        examples.eagle_batches(s.tokens, s.prompt_lens, s.features, job.index, size, context)
+        examples.eagle_batches(
+            s.tokens, s.prompt_lens, s.features, s.greedy, job.index, size, context
+        )
         for s, size in ((job.train, ts.eagle_batch_seqs), (job.heldout, 4))
     )
     std = None  # fused features: noise is added after fusion, scaled by its own std
     if job.module.fuse is None:
-        std = torch.cat([f[:, 0] for f in job.train.features]).std(0)  # [H] of the input layer
+        std = torch.cat([f[:, 0].float() for f in job.train.features]).std(
+            0
+        )  # [H] of the input layer
     state = trainers.train_eagle(
         job.module,
         job.target,

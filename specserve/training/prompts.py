@@ -1,4 +1,4 @@
-"""Training prompts for self-distillation, never benchmark data.
+"""Training prompts (the shipped instruction corpus was answered over these), never benchmark data.
 
 Two documented sources, mixed deterministically: passages of the documentation bundled with
 Python (`pydoc_data.topics`: summarize / explain / answer / translate tasks over them), and

@@ -1,15 +1,14 @@
-"""`train_drafter`: self-distill, train and save a drafter of any kind (Medusa, EAGLE) for a
-loaded target (plain or peft base + adapter), within a time budget, resumable from `out_dir`.
+"""`train_drafter`: train and save a drafter of any kind (Medusa, EAGLE) for a loaded target
+(plain or peft base + adapter), within a time budget, resumable from `out_dir`.
 
-Steps: training prompts -> target answers (cached per model + adapter, shared by all kinds) ->
-draft vocabulary -> teacher features -> the kind's trainer (`kinds.TRAINERS`) -> held-out
-acceptance rates and τ -> artifact.
+Steps: the fixed corpus (`corpus`) -> teacher data by prefill (`features`, cached per model +
+adapter + dtype + layers + corpus, shared by every kind and budget) -> draft vocabulary (the
+target's most frequent greedy tokens) -> the kind's trainer (`kinds.TRAINERS`) -> held-out
+acceptance rates and τ -> artifact. Nothing is generated before training.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,47 +26,35 @@ from specserve.engine.drafters.artifact import (
 from specserve.engine.drafters.specs import EagleSpec, KindName, MedusaSpec
 from specserve.engine.drafters.vocab import head_rows
 from specserve.engine.lora_batch import lora_rows
-from specserve.engine.prompts import encode_prompt
 from specserve.engine.sampling import SamplingParams
 from specserve.training import examples, trainers
-from specserve.training.data import (
-    DistillData,
-    frequent_vocab,
-    generate_answers,
-    teacher_features,
-    token_counts,
-)
+from specserve.training.corpus import Corpus, CorpusSettings, build_corpus
+from specserve.training.data import frequent_vocab, token_counts
+from specserve.training.features import cache_key, teacher_data
 from specserve.training.kinds import TRAINERS, Sequences, TrainingJob
-from specserve.training.prompts import SOURCE, training_prompts
 
 
 class DrafterTrainSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: KindName
-    budget_minutes: float = Field(20.0, gt=0, description="whole command, data included")
-    data_share: float = Field(0.6, gt=0, le=1, description="most of the budget data may take")
+    budget_minutes: float = Field(20.0, gt=0, description="whole command, teacher prefill included")
+    corpus: CorpusSettings = CorpusSettings()
     features_share: float = Field(
-        0.15, ge=0, le=1, description="most of the budget teacher features may take after data"
+        0.5, gt=0, le=1, description="most of the budget teacher prefill may take (cached: none)"
     )
-    prompts: int = Field(480, ge=2)
-    heldout: int = Field(24, ge=1, description="prompts kept out of training, for evaluation")
-    max_new_tokens: int = Field(128, ge=1)
-    gen_batch: int = Field(24, ge=1)
+    prefill_tokens: int = Field(4096, ge=16, description="padded tokens per prefill batch")
+    heldout: int = Field(48, ge=1, description="corpus sequences kept out of training")
     draft_vocab: int = Field(8192, ge=16)
     eagle_context: int = Field(
         64, ge=1, description="prompt tokens kept before each answer in EAGLE training rows"
     )
     eval_seconds: float = Field(60, ge=0, description="time reserved for held-out evaluation")
     tau_prompts: int = Field(6, ge=0, description="held-out prompts decoded to measure τ")
+    tau_tokens: int = Field(64, ge=1, description="tokens decoded per held-out τ prompt")
     medusa: MedusaSpec = MedusaSpec()
     eagle: EagleSpec = EagleSpec()
     trainer: trainers.TrainerSettings = trainers.TrainerSettings()
-
-
-def _data_key(weights: str, adapter: str | None, s: DrafterTrainSettings) -> str:
-    raw = json.dumps([weights, adapter, s.prompts, s.max_new_tokens, SOURCE])
-    return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
 def train_drafter(
@@ -83,178 +70,153 @@ def train_drafter(
     progress_bar: Callable | None = None,
     adapter: str | None = None,
 ) -> Drafter:
-    """Train (or resume) and save; returns the loaded drafter. `progress_bar(total, desc)`
-    makes a tqdm-like bar (update(n), set_postfix_str(s), close()). `adapter`: the resident
-    adapter every forward of the target applies (None: the model as it is)."""
+    """Train (or resume) and save; returns the loaded drafter. `data_dir` keeps the teacher
+    data (default: `out_dir`). `progress_bar(total, desc)` makes a tqdm-like bar (update(n),
+    set_postfix_str(s), close()). `adapter`: the resident adapter every forward of the target
+    applies (None: the model as it is)."""
+    run = _Run(model, tokenizer, model_id, eos_ids, settings, adapter_sha256, log)
     with lora_rows(model, [adapter]):
-        return _train(
-            model,
-            tokenizer,
-            model_id,
+        return run.train(Path(out_dir), Path(data_dir or out_dir), progress_bar or _NoBar)
+
+
+class _Run:
+    """One training: the target, its identity and the settings, shared by the steps below."""
+
+    def __init__(self, model, tokenizer, model_id, eos_ids, settings, adapter_sha256, log):
+        self.model, self.tokenizer, self.model_id = model, tokenizer, model_id
+        self.eos_ids, self.settings, self.adapter_sha256, self.log = (
             eos_ids,
-            out_dir,
             settings,
             adapter_sha256,
-            data_dir,
             log,
-            progress_bar,
+        )
+        self.started = time.monotonic()
+        self.budget_s = settings.budget_minutes * 60
+        self.weights = base_weights_sha256(model)
+        self.trainer = TRAINERS.get(settings.kind)
+
+    def sequences(self, corpus: Corpus, data_dir: Path, layers, deadline, bar) -> Sequences:
+        """The corpus's teacher data, cached under data_dir; sequences not reached are dropped."""
+        key = cache_key(self.weights, self.adapter_sha256, self.model.dtype, layers, corpus.digest)
+        pbar = bar(len(corpus.sequences), "teacher")
+        teacher = teacher_data(
+            self.model,
+            corpus.sequences,
+            layers,
+            data_dir / f"teacher-{key}",
+            self.settings.prefill_tokens,
+            deadline,
+            self.log,
+            pbar.update,
+        )
+        pbar.close()
+        kept = [i for i, f in enumerate(teacher.features) if f is not None]
+        return Sequences(
+            [corpus.sequences[i] for i in kept],
+            [corpus.prompt_lens[i] for i in kept],
+            [teacher.features[i] for i in kept],
+            [teacher.greedy[i] for i in kept],
         )
 
-
-def _train(
-    model,
-    tokenizer,
-    model_id,
-    eos_ids,
-    out_dir,
-    settings,
-    adapter_sha256,
-    data_dir,
-    log,
-    progress_bar,
-) -> Drafter:
-    started = time.monotonic()
-    budget_s = settings.budget_minutes * 60
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    data_dir = Path(data_dir or out_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    bar = progress_bar or _NoBar
-    weights = base_weights_sha256(model)
-
-    # 1. data: the target's own greedy answers to training prompts (cached, resumable)
-    data_file = data_dir / f"distill-{_data_key(weights, adapter_sha256, settings)}.pt"
-    if data_file.exists():
-        data = DistillData.load(data_file)
-    else:
-        texts = training_prompts(settings.prompts)
-        data = DistillData(
-            prompts=[encode_prompt(tokenizer, t) for t in texts],
-            answers=[None] * len(texts),
-            max_new_tokens=settings.max_new_tokens,
-            source=SOURCE,
+    def train(self, out_dir: Path, data_dir: Path, bar) -> Drafter:
+        s = self.settings
+        out_dir.mkdir(parents=True, exist_ok=True)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        corpus = build_corpus(self.tokenizer, min(self.eos_ids or {0}), s.corpus)
+        train_c, held_c = corpus.split(min(s.heldout, max(len(corpus.sequences) // 10, 1)))
+        spec0 = self.trainer.spec(s, s.draft_vocab)
+        layers = self.trainer.teacher_layers(spec0)
+        self.log(
+            f"teacher data (layers {layers}) for {len(corpus.sequences)} sequences "
+            f"({corpus.source}) ..."
         )
-    missing = len(data.answers) - len(data.done)
-    if missing:
-        log(f"generating {missing} answers (batched, {settings.gen_batch} per batch) ...")
-        b = bar(missing, "distill")
-        generate_answers(
-            model,
-            data,
-            eos_ids,
-            settings.gen_batch,
-            data_file,
-            deadline=started + settings.data_share * budget_s,
-            progress=b.update,
+        held = self.sequences(held_c, data_dir, layers, None, bar)
+        deadline = self.started + s.features_share * self.budget_s
+        train = self.sequences(train_c, data_dir, layers, deadline, bar)
+        if len(train.tokens) < 2:
+            raise ValueError("train-drafter: no time left for teacher data; raise the budget")
+        vocab_size = self.model.config.vocab_size
+        counts = token_counts(
+            [g[p - 1 :].tolist() for g, p in zip(train.greedy, train.prompt_lens)], vocab_size
         )
-        b.close()
-    done = data.done
-    if len(done) < 2 + settings.heldout // 4:
-        raise ValueError(f"train-drafter: only {len(done)} answers within the budget; raise it")
-    heldout_n = min(settings.heldout, max(len(done) // 10, 1))
-    held, train_idx = done[-heldout_n:], done[:-heldout_n]
-    log(
-        f"data: {len(train_idx)} training / {len(held)} held-out examples "
-        f"({data.seconds:.0f}s of generation)"
-    )
-
-    # 2. the draft vocabulary, the kind's spec and the teacher features it learns from
-    trainer = TRAINERS.get(settings.kind)
-    kind = trainer.name
-    seqs = [data.sequence(i) for i in train_idx]
-    held_seqs = [data.sequence(i) for i in held]
-    plens = [len(data.prompts[i]) for i in train_idx]
-    held_plens = [len(data.prompts[i]) for i in held]
-    vocab_size = model.config.vocab_size
-    counts = token_counts([data.answers[i] for i in train_idx], vocab_size)
-    draft_vocab = frequent_vocab(counts, settings.draft_vocab)
-    index = examples.vocab_index(draft_vocab, vocab_size)
-    spec = trainer.spec(settings, len(draft_vocab))
-    layers = trainer.teacher_layers(spec)
-    log(f"teacher features (layers {layers}) over {len(seqs) + len(held_seqs)} sequences ...")
-    held_feats = teacher_features(model, held_seqs, layers)
-    share = min(settings.data_share + settings.features_share, 1.0)
-    feats = teacher_features(model, seqs, layers, deadline=started + share * budget_s)
-    kept = [i for i, f in enumerate(feats) if f is not None]
-    if len(kept) < 2:
-        raise ValueError("train-drafter: no time left for teacher features; raise the budget")
-    if len(kept) < len(seqs):  # a slow forward (e.g. bf16 without native bf16): fewer rows
-        log(f"teacher features: {len(kept)} of {len(seqs)} sequences within the budget")
-        train_idx, seqs, plens, feats = (
-            [x[i] for i in kept] for x in (train_idx, seqs, plens, feats)
+        draft_vocab = frequent_vocab(counts, s.draft_vocab)
+        spec = self.trainer.spec(s, len(draft_vocab))
+        module = build_module(self.model, spec).to(self.model.device).float()
+        rows_w = head_rows(self.model, draft_vocab.to(self.model.device)).float()
+        ckpt = out_dir / "checkpoint.pt"
+        train_s = self.budget_s - (time.monotonic() - self.started) - s.eval_seconds
+        if ckpt.exists():
+            self.log(f"resuming from {ckpt}")
+        self.log(
+            f"training {self.trainer.name} for up to {max(train_s, 0):.0f}s on "
+            f"{sum(map(len, train.tokens))} tokens of {len(train.tokens)} sequences ..."
         )
-    module = build_module(model, spec).to(model.device)
-    rows_w = head_rows(model, draft_vocab.to(model.device)).float()
-    module.float()
-    ckpt = out_dir / "checkpoint.pt"
-    train_s = budget_s - (time.monotonic() - started) - settings.eval_seconds
-    if ckpt.exists():
-        log(f"resuming from {ckpt}")
-    log(f"training {kind} for up to {max(train_s, 0):.0f}s ...")
-    tbar = bar(None, f"train {kind}")
+        tbar = bar(None, f"train {self.trainer.name}")
 
-    def progress(state):
-        tbar.update(1)
-        recent = state["losses"][-20:]
-        tbar.set_postfix_str(f"loss {sum(recent) / len(recent):.3f} ep {state['epoch']}")
+        def progress(state):
+            tbar.update(1)
+            recent = state["losses"][-20:]
+            tbar.set_postfix_str(f"loss {sum(recent) / len(recent):.3f} ep {state['epoch']}")
 
-    job = TrainingJob(
-        module=module,
-        target=model,
-        rows_w=rows_w,
-        index=index,
-        train=Sequences(seqs, plens, feats),
-        heldout=Sequences(held_seqs, held_plens, held_feats),
-        spec=spec,
-        settings=settings,
-        budget_s=max(train_s, 1.0),
-        checkpoint=ckpt,
-        progress=progress,
-    )
-    trained = trainer.train(job)
-    state, acc = trained.state, trained.accept_rates
-    tbar.close()
-    module.to(model.dtype).eval()
-    for p in module.parameters():
-        p.requires_grad_(False)
-    log("held-out acceptance (rank 0 per depth): " + ", ".join(f"{a[0]:.2f}" for a in acc))
+        job = TrainingJob(
+            module=module,
+            target=self.model,
+            rows_w=rows_w,
+            index=examples.vocab_index(draft_vocab, vocab_size),
+            train=train,
+            heldout=held,
+            spec=spec,
+            settings=s,
+            budget_s=max(train_s, 1.0),
+            checkpoint=ckpt,
+            progress=progress,
+        )
+        trained = self.trainer.train(job)
+        tbar.close()
+        module.to(self.model.dtype).eval()
+        for p in module.parameters():
+            p.requires_grad_(False)
+        acc = trained.accept_rates
+        self.log("held-out acceptance (rank 0 per depth): " + ", ".join(f"{a[0]:.2f}" for a in acc))
+        manifest = self.manifest(spec, draft_vocab, acc, trained.state, corpus, train, held)
+        drafter = Drafter(manifest, spec, module, draft_vocab.to(self.model.device), self.model)
+        prompts = [t[:p] for t, p in zip(held.tokens, held.prompt_lens)]
+        tau, config = heldout_tau(self.model, self.tokenizer, self.eos_ids, drafter, prompts, s)
+        manifest.heldout_tau = tau
+        manifest.training["heldout_tau_config"] = config
+        save_drafter(out_dir, manifest, module, draft_vocab)
+        self.log(f"saved {self.trainer.name} drafter to {out_dir} (held-out τ {tau})")
+        return drafter
 
-    manifest = Manifest(
-        kind=kind,
-        base_model_id=model_id,
-        base_weights_sha256=weights,
-        adapter_sha256=adapter_sha256,
-        spec=spec,
-        draft_vocab_size=len(draft_vocab),
-        accept_rates=[[round(x, 4) for x in row] for row in acc],
-        feature_dtype=str(model.dtype),  # features from the target as loaded: the serving dtype
-        training={
-            "data": data.source,
-            "examples": len(train_idx),
-            "heldout_examples": len(held),
-            "answer_tokens": int(sum(len(data.answers[i]) for i in train_idx)),
-            "max_new_tokens": data.max_new_tokens,
-            "generation_seconds": round(data.seconds, 1),
-            "train_seconds": round(state["elapsed"], 1),
-            "steps": state["step"],
-            "epochs": state["epoch"],
-            "heldout_losses": state.get("heldout_losses", []),
-            "best_epoch": state.get("best_epoch"),
-            "final_loss": state["losses"][-1] if state["losses"] else None,
-            "settings": settings.model_dump(mode="json"),
-            "device": str(model.device),
-            "dtype": str(model.dtype),
-        },
-    )
-    drafter = Drafter(manifest, spec, module, draft_vocab.to(model.device), model)
-    tau, config = heldout_tau(
-        model, tokenizer, eos_ids, drafter, [data.prompts[i] for i in held], settings
-    )
-    manifest.heldout_tau = tau
-    manifest.training["heldout_tau_config"] = config
-    save_drafter(out_dir, manifest, module, draft_vocab)
-    log(f"saved {kind} drafter to {out_dir} (held-out τ {tau})")
-    return drafter
+    def manifest(self, spec, draft_vocab, acc, state, corpus, train, held) -> Manifest:
+        return Manifest(
+            kind=self.trainer.name,
+            base_model_id=self.model_id,
+            base_weights_sha256=self.weights,
+            adapter_sha256=self.adapter_sha256,
+            spec=spec,
+            draft_vocab_size=len(draft_vocab),
+            accept_rates=[[round(x, 4) for x in row] for row in acc],
+            feature_dtype=str(self.model.dtype),  # teacher data from the target as loaded
+            training={
+                "data": corpus.source,
+                "examples": len(train.tokens),
+                "heldout_examples": len(held.tokens),
+                "tokens": int(sum(map(len, train.tokens))),
+                "answer_tokens": int(
+                    sum(len(t) - p for t, p in zip(train.tokens, train.prompt_lens))
+                ),
+                "train_seconds": round(state["elapsed"], 1),
+                "steps": state["step"],
+                "epochs": state["epoch"],
+                "heldout_losses": state.get("heldout_losses", []),
+                "best_epoch": state.get("best_epoch"),
+                "final_loss": state["losses"][-1] if state["losses"] else None,
+                "settings": self.settings.model_dump(mode="json"),
+                "device": str(self.model.device),
+                "dtype": str(self.model.dtype),
+            },
+        )
 
 
 def heldout_tau(
@@ -266,7 +228,7 @@ def heldout_tau(
         return None, config
     engine = Engine(model, tokenizer, eos_ids, drafters={drafter.kind: drafter})
     tokens = forwards = 0
-    params = SamplingParams(max_new_tokens=min(settings.max_new_tokens, 64))
+    params = SamplingParams(max_new_tokens=settings.tau_tokens)
     for ids in prompts[: settings.tau_prompts]:
         res = engine.generate(ids, params, drafter.kind, config)
         tokens += len(res.output_ids)

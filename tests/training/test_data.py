@@ -1,18 +1,16 @@
 """Self-distillation data: prompts (deterministic, distinct, never benchmark text), padding,
-answer cutting, batched generation equal to one-by-one greedy decoding, teacher features."""
+answer cutting, batched generation equal to one-by-one greedy decoding."""
 
 from __future__ import annotations
 
 import torch
 
-from specserve.engine import hf_internals
 from specserve.training.data import (
     DistillData,
     cut_answer,
     frequent_vocab,
     generate_answers,
     left_pad,
-    teacher_features,
     token_counts,
 )
 from specserve.training.prompts import training_prompts
@@ -61,27 +59,3 @@ def test_generation_stops_at_the_deadline_and_resumes(tiny_llama, tmp_path):
     assert data.done == []
     generate_answers(model, data, frozenset(), batch_size=2)
     assert data.done == [0, 1, 2, 3]
-
-
-@torch.inference_mode()
-def test_teacher_features_equal_single_forwards(tiny_llama):
-    model = tiny_llama(0)
-    seqs = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
-    feats = teacher_features(model, seqs, (0, -1), batch_size=2)
-    for s, f in zip(seqs, feats):
-        out = model(input_ids=torch.tensor([s]), output_hidden_states=True)
-        assert torch.allclose(f, hf_internals.hidden_features(out, (0, -1))[0], atol=1e-5)
-
-
-@torch.inference_mode()
-def test_teacher_features_stop_at_the_deadline_shortest_first(tiny_llama, monkeypatch):
-    import time
-
-    model = tiny_llama(0)
-    seqs = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
-    late = teacher_features(model, seqs, (-1,), batch_size=1, deadline=0.0)
-    assert late[0] is None and late[1].shape[0] == 2 and late[2] is None  # the first batch only
-    clock = iter([0.0, 10.0])  # a deadline of 5: the second batch starts in time, not the third
-    monkeypatch.setattr(time, "monotonic", lambda: next(clock))
-    feats = teacher_features(model, seqs, (-1,), batch_size=1, deadline=5.0)
-    assert feats[0] is None and feats[1].shape[0] == 2 and feats[2].shape[0] == 3

@@ -4,27 +4,40 @@ fingerprint and the drafter loads for that adapter only."""
 from __future__ import annotations
 
 import copy
+import json
+import random
+from pathlib import Path
 
 import pytest
 from conftest import FAMILIES
 
 from specserve.engine.drafters.artifact import DrafterMismatchError, load_drafter
+from specserve.training.corpus import CorpusSettings
 from specserve.training.run import DrafterTrainSettings, train_drafter
 
 ADAPTER = "f" * 64
 
 
-def _settings(kind: str) -> DrafterTrainSettings:
-    """A few seconds of training on 16 prompts: enough to check the pipeline, not to draft well."""
+def _variant_data(path: Path) -> Path:
+    """24 prompt/completion pairs in the tiny tokenizer's words (w3..w60)."""
+    rng = random.Random(0)
+    words = lambda n: " ".join(f"w{rng.randint(3, 60)}" for _ in range(n))
+    rows = [{"prompt": words(4), "completion": words(12)} for _ in range(24)]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+def _settings(kind: str, tmp_path: Path) -> DrafterTrainSettings:
+    """A few seconds of training on 24 sequences: enough to check the pipeline, not to draft well."""
+    corpus = CorpusSettings(instruct=False, docs=0, files=[_variant_data(tmp_path / "v.jsonl")])
     return DrafterTrainSettings(
         kind=kind,
         budget_minutes=0.05,
-        prompts=16,
+        corpus=corpus,
         heldout=2,
-        max_new_tokens=8,
-        gen_batch=8,
         eval_seconds=0,
         tau_prompts=2,
+        tau_tokens=8,
     )
 
 
@@ -42,7 +55,7 @@ def lora_target(tiny_llama):
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_train_on_adapter_variant(tmp_path, tiny_llama, lora_target, tiny_hf_tokenizer, kind):
-    settings = _settings(kind)
+    settings = _settings(kind, tmp_path)
     drafter = train_drafter(
         lora_target,
         tiny_hf_tokenizer,
@@ -76,7 +89,7 @@ def test_drafters_train_and_decode_exactly_on_each_family(
     from specserve.engine.sampling import SamplingParams
 
     model = make_tiny_family(family, seed=1)
-    settings = _settings(kind)
+    settings = _settings(kind, tmp_path)
     drafter = train_drafter(
         model,
         tiny_hf_tokenizer,

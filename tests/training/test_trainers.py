@@ -12,7 +12,13 @@ from specserve.engine.drafters.artifact import build_module
 from specserve.engine.drafters.specs import EagleSpec, MedusaSpec
 from specserve.engine.drafters.vocab import head_rows
 from specserve.training import examples, trainers
-from specserve.training.data import teacher_features
+from specserve.training.features import prefill
+
+
+def teacher(model, seqs, layers):
+    """(features, greedy) per sequence, from one prefill."""
+    out = prefill(model, seqs, layers)
+    return [f.float() for f, _ in out], [g for _, g in out]
 
 
 def _ttt_reference(n: int, step: int) -> torch.Tensor:
@@ -45,16 +51,18 @@ def test_vocab_index_and_medusa_rows_examples():
     assert index.tolist() == [-1, -1, 0, -1, -1, 1]
     ids = [5, 2, 5, 5, 2]
     feats = [torch.arange(5.0)[:, None, None].expand(5, 1, 3)]
-    rows = examples.medusa_rows([ids], [2], feats, heads=2, index=index)
+    greedy = [torch.tensor([2, 5, 5, 2, 5])]  # the target's argmax after each position
+    rows = examples.medusa_rows([ids], [2], feats, greedy, heads=2, index=index)
     assert rows.features[:, 0].tolist() == [1.0, 2.0]
-    assert rows.targets.tolist() == [[1, 0], [0, -100]]
+    assert rows.targets.tolist() == [[1, 0], [0, 1]]
 
 
 def test_out_of_vocabulary_targets_are_not_trained_but_scored_as_misses():
     assert trainers.trainable_targets(torch.tensor([3, -1, -100])).tolist() == [3, -100, -100]
     index = examples.vocab_index(torch.tensor([2, 5]), 8)
     feats = [torch.zeros(6, 1, 4)]
-    rows = examples.medusa_rows([[5, 2, 7, 5, 7, 2]], [1], feats, heads=1, index=index)
+    greedy = [torch.tensor([2, 7, 5, 7, 2, 2])]
+    rows = examples.medusa_rows([[5, 2, 7, 5, 7, 2]], [1], feats, greedy, heads=1, index=index)
     assert rows.targets[:, 0].tolist() == [-1, 1, -1, 0]  # tokens 7, 5, 7, 2
 
     class Perfect:  # ranks the right in-vocabulary token first whatever the input
@@ -77,7 +85,8 @@ def test_out_of_vocabulary_targets_are_not_trained_but_scored_as_misses():
 def test_eagle_batch_layout():
     index = examples.vocab_index(torch.arange(10), 10)
     f = torch.arange(4.0)[:, None, None].expand(4, 2, 2).clone()
-    batch = examples.eagle_batch([[1, 2, 3, 4], [5, 6]], [1, 1], [f, f[:2]], index)
+    greedy = [torch.tensor([2, 3, 4, 9]), torch.tensor([6, 9])]
+    batch = examples.eagle_batch([[1, 2, 3, 4], [5, 6]], [1, 1], [f, f[:2]], greedy, index)
     assert batch.next_tokens.tolist() == [[2, 3, 4], [6, 0, 0]]
     assert batch.next_final[0, :, 0].tolist() == [1.0, 2.0, 3.0]
     assert batch.targets.tolist() == [[3, 4, -100], [-100, -100, -100]]
@@ -106,10 +115,10 @@ def test_medusa_training_learns_and_resumes(tiny_llama, tmp_path):
     model = tiny_llama(1, init_range=0.1)
     seqs = _loopy_data(model)
     plens = [4] * len(seqs)
-    feats = teacher_features(model, seqs, (-1,))
+    feats, greedy = teacher(model, seqs, (-1,))
     vocab = torch.arange(96)
     index = examples.vocab_index(vocab, 96)
-    rows = examples.medusa_rows(seqs, plens, feats, 2, index)
+    rows = examples.medusa_rows(seqs, plens, feats, greedy, 2, index)
     heads = build_module(model, MedusaSpec(heads=2, topk=4))
     w = head_rows(model, vocab)
     before = trainers.medusa_accept_rates(heads, w, rows, 1)
@@ -129,9 +138,10 @@ def test_medusa_training_learns_and_resumes(tiny_llama, tmp_path):
 def test_medusa_own_heads_start_as_the_shared_head_and_learn(tiny_llama):
     model = tiny_llama(1, init_range=0.1)
     seqs = _loopy_data(model, n=12)
-    feats = teacher_features(model, seqs, (-1,))
+    feats, greedy = teacher(model, seqs, (-1,))
     vocab = torch.arange(96)
-    rows = examples.medusa_rows(seqs, [4] * len(seqs), feats, 2, examples.vocab_index(vocab, 96))
+    index = examples.vocab_index(vocab, 96)
+    rows = examples.medusa_rows(seqs, [4] * len(seqs), feats, greedy, 2, index)
     w = head_rows(model, vocab)
     shared = build_module(model, MedusaSpec(heads=2, topk=4))
     own = build_module(model, MedusaSpec(heads=2, topk=4, own_head=96))
@@ -172,11 +182,13 @@ def test_eagle_training_learns(tiny_llama, soft):
     model = tiny_llama(1, init_range=0.1)
     seqs = _loopy_data(model)
     plens = [4] * len(seqs)
-    feats = teacher_features(model, seqs, (-1, -1))
+    feats, greedy = teacher(model, seqs, (-1, -1))
     vocab = torch.arange(96)
     index = examples.vocab_index(vocab, 96)
     batches = [
-        examples.eagle_batch(seqs[i : i + 4], plens[i : i + 4], feats[i : i + 4], index)
+        examples.eagle_batch(
+            seqs[i : i + 4], plens[i : i + 4], feats[i : i + 4], greedy[i : i + 4], index
+        )
         for i in range(0, len(seqs), 4)
     ]
     draft = build_module(model, EagleSpec())
@@ -229,10 +241,10 @@ def test_accept_rates_with_a_draft_vocabulary_smaller_than_topk(tiny_llama):
     """A variant whose answers use few distinct tokens: rates stop at the vocabulary's size."""
     model = tiny_llama(1, init_range=0.1)
     seqs = _loopy_data(model, n=4, length=12)
-    feats = teacher_features(model, seqs, (-1,))
+    feats, greedy = teacher(model, seqs, (-1,))
     vocab = torch.tensor(sorted({t for s in seqs for t in s})[:3])  # 3 tokens < topk 5
     index = examples.vocab_index(vocab, 96)
-    rows = examples.medusa_rows(seqs, [4] * len(seqs), feats, 2, index)
+    rows = examples.medusa_rows(seqs, [4] * len(seqs), feats, greedy, 2, index)
     heads = build_module(model, MedusaSpec(heads=2, topk=5))
     rates = trainers.medusa_accept_rates(heads, head_rows(model, vocab), rows, 5)
     assert len(rates) == 2 and all(len(r) == 3 for r in rates)

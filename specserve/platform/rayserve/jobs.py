@@ -28,8 +28,8 @@ def drafter_dir(settings: PlatformSettings, key: VariantKey, kind: str) -> Path:
 
 
 class _ProgressBar:
-    """A tqdm-like bar writing progress into the registry (at most every 2 s): answer generation
-    ("distill", known total) fills the first half; training (open-ended) holds at 0.75."""
+    """A tqdm-like bar writing progress into the registry (at most every 2 s): teacher prefill
+    ("teacher", known total) fills the first half; training (open-ended) holds at 0.75."""
 
     def __init__(
         self, registry: Registry, key: VariantKey, kind: str, total: int | None, desc: str

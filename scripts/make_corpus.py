@@ -1,0 +1,75 @@
+"""Write the instruction corpus `train-drafter` learns from without generating:
+specserve/training/corpus/instruct.jsonl.gz, one {"prompt", "answer"} per line.
+
+Prompts: `training_prompts(count, seed=1)` (synthesized from built-in topic lists and Python's
+bundled docs, never benchmark data). Answers: a model's greedy answers (batched `generate()`, the
+serving dtype), generated once here so that every later training is teacher-forced prefill only.
+Resumable (progress in --work); deterministic for the same model, dtype and machine kind.
+
+    .venv/bin/python scripts/make_corpus.py --model smollm2-135m --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import time
+from pathlib import Path
+
+from specserve.engine.prompts import encode_prompt
+from specserve.models.load import load_model
+from specserve.paths import default_cache_dir
+from specserve.training.data import DistillData, generate_answers
+from specserve.training.prompts import SOURCE, training_prompts
+
+OUT = Path(__file__).resolve().parents[1] / "specserve" / "training" / "corpus" / "instruct.jsonl.gz"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--prompts", type=int, default=1600)
+    ap.add_argument("--max-new-tokens", type=int, default=160)
+    ap.add_argument("--batch", type=int, default=48)
+    ap.add_argument("--minutes", type=float, default=40.0, help="stop (resumable) after this")
+    ap.add_argument("--work", type=Path, default=default_cache_dir() / "corpus-work")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    loaded = load_model(args.model, dtype=args.dtype)
+    tok = loaded.tokenizer
+    args.work.mkdir(parents=True, exist_ok=True)
+    work = args.work / f"{args.model}-{args.dtype}-{args.prompts}-{args.max_new_tokens}.pt"
+    texts = training_prompts(args.prompts, seed=1)
+    if work.exists():
+        data = DistillData.load(work)
+    else:
+        data = DistillData(
+            prompts=[encode_prompt(tok, t) for t in texts],
+            answers=[None] * len(texts),
+            max_new_tokens=args.max_new_tokens,
+            source=SOURCE,
+        )
+    started = time.monotonic()
+
+    def progress(n: int) -> None:
+        done = len(data.done)
+        print(f"{done}/{len(texts)} answers, {time.monotonic() - started:.0f}s", flush=True)
+
+    deadline = started + args.minutes * 60
+    generate_answers(loaded.model, data, loaded.eos_token_ids, args.batch, work, deadline, progress)
+    rows = [
+        {"prompt": texts[i], "answer": tok.decode(data.answers[i], skip_special_tokens=True)}
+        for i in sorted(data.done)
+    ]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(args.out, "wt", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    print(f"wrote {len(rows)} of {len(texts)} examples to {args.out}")
+    return 0 if len(rows) == len(texts) else 3
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
