@@ -97,12 +97,15 @@ class _Run:
 
     def sequences(self, corpus: Corpus, data_dir: Path, layers, deadline, bar) -> Sequences:
         """The corpus's teacher data, cached under data_dir; sequences not reached are dropped."""
-        key = cache_key(self.weights, self.adapter_sha256, self.model.dtype, layers, corpus.digest)
+        distinct = tuple(dict.fromkeys(layers))  # one cache for every kind that reads these layers
+        key = cache_key(
+            self.weights, self.adapter_sha256, self.model.dtype, distinct, corpus.digest
+        )
         pbar = bar(len(corpus.sequences), "teacher")
         teacher = teacher_data(
             self.model,
             corpus.sequences,
-            layers,
+            distinct,
             data_dir / f"teacher-{key}",
             self.settings.prefill_tokens,
             deadline,
@@ -111,10 +114,11 @@ class _Run:
         )
         pbar.close()
         kept = [i for i, f in enumerate(teacher.features) if f is not None]
+        slots = [distinct.index(layer) for layer in layers]
         return Sequences(
             [corpus.sequences[i] for i in kept],
             [corpus.prompt_lens[i] for i in kept],
-            [teacher.features[i] for i in kept],
+            [teacher.features[i][:, slots] for i in kept],  # [T, len(layers), H]
             [teacher.greedy[i] for i in kept],
         )
 
