@@ -84,12 +84,8 @@ class _Run:
 
     def __init__(self, model, tokenizer, model_id, eos_ids, settings, adapter_sha256, log):
         self.model, self.tokenizer, self.model_id = model, tokenizer, model_id
-        self.eos_ids, self.settings, self.adapter_sha256, self.log = (
-            eos_ids,
-            settings,
-            adapter_sha256,
-            log,
-        )
+        self.eos_ids, self.settings, self.log = eos_ids, settings, log
+        self.adapter_sha256 = adapter_sha256
         self.started = time.monotonic()
         self.budget_s = settings.budget_minutes * 60
         self.weights = base_weights_sha256(model)

@@ -80,6 +80,7 @@ def run_drafter_job(record: dict, kind: str, budget_minutes: float | None, args:
             out,
             train_settings,
             adapter_sha256=checked.sha256,
+            data_dir=served.cache_dir / "teacher",  # teacher data shared by kinds and retrains
             progress_bar=lambda total, desc: _ProgressBar(registry, key, kind, total, desc),
             adapter=str(key),
         )
