@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.engine.prompts import encode_prompt
 from specserve.training.finetune import IGNORE, load_examples
-from specserve.training.prompts import _doc_passages
+from specserve.training.prompts import doc_passages
 
 INSTRUCT = Path(__file__).with_name("corpus") / "instruct.jsonl.gz"
 
@@ -75,7 +75,7 @@ def doc_rows(count: int, chars: int = 600) -> list[tuple[str, str]]:
     Example: ("What does Python's documentation say about assert?", "The assert statement ...").
     """
     rows = []
-    for name, passage in _doc_passages(chars)[:count]:
+    for name, passage in doc_passages(chars)[:count]:
         topic = name.replace("-", " ")
         rows.append((f"What does Python's documentation say about {topic}?", passage))
     return rows

@@ -127,7 +127,7 @@ COUNTRIES = [
 ITEMS = ["apples", "notebooks", "tickets", "shirts", "pencils", "cups of tea", "books"]
 
 
-def _doc_passages(chars: int) -> list[tuple[str, str]]:
+def doc_passages(chars: int) -> list[tuple[str, str]]:
     """(topic, passage) for consecutive `chars`-long chunks of every topic's text."""
     from pydoc_data.topics import topics
 
@@ -145,7 +145,7 @@ def training_prompts(count: int, seed: int = 0, chars: int = 600) -> list[str]:
     Example: training_prompts(2) might give ["Write a poem about a garden.", "Summarize ..."].
     """
     rng = random.Random(seed)
-    docs = _doc_passages(chars)
+    docs = doc_passages(chars)
     makers = [
         lambda: f"Write a {rng.choice(FORMS)} about {rng.choice(SUBJECTS)}.",
         lambda: f"Explain {rng.choice(CONCEPTS)} in simple terms.",
