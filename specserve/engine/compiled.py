@@ -103,8 +103,11 @@ def runner(model, q: int, past: int):
 
 
 def forward_key(model) -> str:
-    """The dtype, plus "+compiled" once the compiled forward serves: keys the cost curve and tuning,
-    which differ between the two. Example: "torch.bfloat16+compiled"."""
+    """The dtype, plus "+invariant" on the position-invariant forward and "+compiled" once the
+    compiled forward serves: keys the cost curve and tuning, which differ between them.
+    Example: "torch.bfloat16+invariant"."""
+    if hf_internals.is_invariant(model):  # it never runs compiled (`verify_forward`)
+        return f"{model.dtype}+invariant"
     compiled = _ATTACHED.get(model)
     suffix = "+compiled" if compiled is not None and compiled.ready else ""
     return f"{model.dtype}{suffix}"

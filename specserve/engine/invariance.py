@@ -136,7 +136,29 @@ def attention_invariant(heads: int, kv_heads: int, head_dim: int, dtype) -> bool
     batch = _attend(
         queries, wide_k, wide_v, [[True] * 300 + [False] * 11, [True] * 311], [299, 310]
     )
-    return torch.equal(alone[0], tree[0]) and torch.equal(alone[0], batch[0])
+    same = torch.equal(alone[0], tree[0]) and torch.equal(alone[0], batch[0])
+    return same and masked_tail_invariant(kv_heads, heads // kv_heads, head_dim, dtype)
+
+
+def masked_tail_invariant(kv_heads: int, group: int, head_dim: int, dtype) -> bool:
+    """Whether the flash kernel gives a query row over keys [0, S) the same output and
+    log-sum-exp whatever masked tail follows (rows of many lengths share one padded call)."""
+    gen = torch.Generator().manual_seed(1)
+    keys = torch.randn(1, kv_heads, 1056, head_dim, generator=gen).to(dtype)
+    values = torch.randn(1, kv_heads, 1056, head_dim, generator=gen).to(dtype)
+    query = torch.randn(1, kv_heads, 2 * group, head_dim, generator=gen).to(dtype)
+    for held in (64, 288):
+        first = None
+        for width in (held, held + 32, 544, 1056):
+            mask = torch.zeros(1, 1, 2 * group, width, dtype=dtype)
+            mask[..., held:] = float("-inf")
+            out = hf_internals.flash_attention(
+                query, keys[:, :, :width], values[:, :, :width], mask
+            )
+            first = out if first is None else first
+            if not (torch.equal(out[0], first[0]) and torch.equal(out[1], first[1])):
+                return False
+    return True
 
 
 def _attend(query, keys, values, seen: list[list[bool]], positions: list[int]) -> torch.Tensor:

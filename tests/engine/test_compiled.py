@@ -10,7 +10,7 @@ import peft
 import pytest
 import torch
 
-from specserve.engine import compiled
+from specserve.engine import compiled, hf_internals
 from specserve.engine.cost import measure_cost_curve
 from specserve.engine.decode import Engine
 from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
@@ -20,6 +20,15 @@ from specserve.engine.ties import check_outputs
 
 def test_unattached_model_is_its_own_runner(model):
     assert compiled.runner(model, 1, 10) is model
+    assert compiled.forward_key(model) == "torch.float32"
+
+
+def test_the_invariant_forward_has_its_own_key(tiny_llama):
+    """Its cost curve and tuning are its own: the invariant attention prices widths otherwise."""
+    model = copy.deepcopy(tiny_llama(3))
+    hf_internals.enable_invariant(model)
+    assert compiled.forward_key(model) == "torch.float32+invariant"
+    hf_internals.disable_invariant(model)
     assert compiled.forward_key(model) == "torch.float32"
 
 

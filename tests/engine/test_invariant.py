@@ -16,7 +16,7 @@ from schedules import ADAPTERS, alone, prompt, requests, run, with_adapters
 from specserve.engine import hf_internals, invariance, row_tiles
 from specserve.engine.decode import Engine
 from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
-from specserve.engine.hf_internals.invariant import TAIL, split_point
+from specserve.engine.hf_internals.invariant import CALL_COST, TAIL, flash_calls, split_point
 from specserve.engine.scheduler import BatchSettings, Scheduler
 
 pytestmark = pytest.mark.timeout(600)
@@ -74,6 +74,61 @@ def test_a_row_deeper_than_the_tail_is_refused():
     allowed[0, 0, 100:130] = False  # positions 100.. are not held: the row sits 70 past them
     with pytest.raises(hf_internals.DraftTooDeep):
         hf_internals.invariant_layout(allowed, torch.tensor([[199]]), 1, torch.float32, "cpu")
+
+
+def test_flash_calls_worked_example():
+    assert flash_calls([300, 300, 0, 32, 800], 3) == [(0, 2, 300), (3, 4, 32), (4, 5, 800)]
+    assert flash_calls([300] * 16, 3) == [(0, 16, 300)]
+    assert flash_calls([0, 0], 3) == []
+
+
+def _slow_flash_calls(widths, head_rows):
+    """Every partition of the rows into runs, by brute force: the least cost."""
+    n, best = len(widths), None
+    for cuts in range(2 ** (n - 1)):
+        ends = [i + 1 for i in range(n - 1) if cuts >> i & 1] + [n]
+        starts, cost = [0, *ends[:-1]], 0
+        for a, e in zip(starts, ends, strict=True):
+            w = max(widths[a:e])
+            cost += CALL_COST + (e - a) * head_rows * w if w else 0
+        best = cost if best is None else min(best, cost)
+    return best
+
+
+def test_flash_calls_are_the_cheapest_partition():
+    rng = random.Random(0)
+    for _ in range(30):
+        widths = [rng.choice([0, 32, 64, 288, 800]) for _ in range(rng.randint(1, 7))]
+        calls = flash_calls(widths, 9)
+        cost = sum(CALL_COST + (e - a) * 9 * w for a, e, w in calls)
+        assert cost == _slow_flash_calls(widths, 9)
+        assert all(w == max(widths[a:e]) for a, e, w in calls)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_sharing_a_flash_call_equal_rows_alone(dtype):
+    """Batch rows of many lengths, in whatever calls the layout groups them: each row's output
+    is bit-identical to that row alone."""
+    _skip_unless_invariant_here(dtype)
+    gen = torch.Generator().manual_seed(1)
+    lengths = [300, 310, 40, 290, 700, 64, 305]
+    columns = max(lengths) + 1
+    keys = torch.randn(len(lengths), 3, columns, 64, generator=gen).to(dtype)
+    values = torch.randn(len(lengths), 3, columns, 64, generator=gen).to(dtype)
+    query = torch.randn(len(lengths), 9, 1, 64, generator=gen).to(dtype)
+    allowed = torch.arange(columns)[None, None, :] <= torch.tensor(lengths)[:, None, None]
+    positions = torch.tensor(lengths)[:, None]
+    layout = hf_internals.invariant_layout(allowed, positions, 3, dtype, "cpu")
+    assert len(layout.flash_calls) < len(lengths)  # some rows do share a call
+    got = hf_internals.invariant_attention(None, query, keys, values, layout, 0.125)
+    for row, length in enumerate(lengths):
+        one = hf_internals.invariant_layout(
+            allowed[row : row + 1], positions[row : row + 1], 3, dtype, "cpu"
+        )
+        alone = hf_internals.invariant_attention(
+            None, query[row : row + 1], keys[row : row + 1], values[row : row + 1], one, 0.125
+        )
+        assert torch.equal(got[row], alone[0]), (row, length)
 
 
 def _skip_unless_invariant_here(dtype) -> None:

@@ -45,6 +45,7 @@ from specserve.engine.hf_internals.invariant import (
     DEPTH,
     DraftTooDeep,
     InvariantLayout,
+    flash_attention,
     invariant_attention,
 )
 from specserve.engine.hf_internals.invariant import layout as invariant_layout
@@ -74,6 +75,7 @@ __all__ = [
     "enable_invariant",
     "enable_row_attention",
     "final_norm",
+    "flash_attention",
     "gather_rows",
     "hidden_features",
     "invariant_attention",

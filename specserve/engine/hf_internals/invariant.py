@@ -20,6 +20,7 @@ import torch
 BLOCK = 32  # split points are multiples of this (the flash kernel's masked tail is invariant there)
 DEPTH = 32  # a query may sit at most this far past the positions its row held before the forward
 TAIL = BLOCK + DEPTH  # keys [S, t] per query row
+CALL_COST = 800  # a flash call's fixed cost in query-row x key-column products (~11 us, AMX Xeon)
 INVARIANT_ATTENTION = "specserve_invariant"
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -27,6 +28,11 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 class DraftTooDeep(ValueError):
     """A query row sits further past its row's held positions than `DEPTH`."""
+
+
+def flash_attention(query, key, value, mask, scale=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's CPU flash kernel: output [b, heads, q, d] and log-sum-exp [b, heads, q]."""
+    return _flash(query, key, value, 0.0, False, attn_mask=mask, scale=scale)[:2]
 
 
 def split_point(positions: torch.Tensor) -> torch.Tensor:
@@ -44,13 +50,40 @@ class InvariantLayout:
     heads_per_kv: int  # G
     queries: int  # q query rows per batch row
     head_rows: int  # G * q, padded so no flash query block holds a single row
-    flash_width: list[int]  # per batch row: columns the flash part reads (max S); 0: none
-    flash_mask: list[torch.Tensor | None]  # per batch row: [1, 1, head_rows, width] additive
+    flash_calls: list[
+        tuple[int, int, int]
+    ]  # (first, end, width): batch rows [first, end) in one call
+    flash_mask: list[torch.Tensor]  # per call: [end - first, 1, head_rows, width] additive
     tail_batch: torch.Tensor  # [R] batch row of each query row
     tail_columns: torch.Tensor  # [R, TAIL] key columns of positions S..t in order (0-padded)
     tail_mask: torch.Tensor  # [R, 1, G', TAIL] additive: slots past t masked (G' >= 2)
     keyless: torch.Tensor | None  # [b, 1, 1, q] rows without keys before S (None: no such row)
     gather_index: dict = field(default_factory=dict)  # (strides) -> flat index (`_gather`)
+
+
+def flash_calls(widths: list[int], head_rows: int) -> list[tuple[int, int, int]]:
+    """Batch rows [first, end) that share one flash call, padded to their widest row, and that
+    width: the partition of the rows, in order, with the least estimated cost (CALL_COST per call
+    plus rows x head_rows x width), rows that read no columns left out. Example (head_rows 3):
+    widths [300, 300, 0, 32, 800] -> [(0, 2, 300), (3, 4, 32), (4, 5, 800)]."""
+    n = len(widths)
+    best = [0.0] + [float("inf")] * n  # best[e]: least cost of rows [0, e)
+    cut = [0] * (n + 1)
+    for end in range(1, n + 1):
+        widest = 0
+        for first in range(end - 1, -1, -1):
+            widest = max(widest, widths[first])
+            cost = best[first] + (CALL_COST + (end - first) * head_rows * widest if widest else 0)
+            if cost < best[end]:
+                best[end], cut[end] = cost, first
+    calls, end = [], n
+    while end > 0:
+        first = cut[end]
+        widest = max(widths[first:end])
+        if widest:
+            calls.append((first, end, widest))
+        end = first
+    return calls[::-1]
 
 
 def _head_rows(heads_per_kv: int, q: int) -> int:
@@ -71,9 +104,10 @@ def layout(
     split = split_point(positions)  # [b, q]
     head_rows = _head_rows(heads_per_kv, q)
     widths = split.amax(dim=1).tolist()  # [b]
+    calls = flash_calls(widths, head_rows)
     masks = [
-        _flash_mask(allowed[r], split[r], w, heads_per_kv, head_rows, dtype, device)
-        for r, w in enumerate(widths)
+        _flash_mask(allowed[a:e], split[a:e], w, heads_per_kv, head_rows, dtype, device)
+        for a, e, w in calls
     ]
     tail = allowed & (torch.arange(allowed.shape[2])[None, None, :] >= split[..., None])
     counts = tail.sum(dim=2).reshape(-1)  # [R]
@@ -89,12 +123,15 @@ def layout(
     columns = torch.where(slots, columns, 0)
     group = max(heads_per_kv, 2)  # the flash kernel's lone-row path again: never one query row
     tail_mask = _additive(slots, dtype, device)[:, None, None, :].expand(-1, 1, group, -1)
-    keyless = (split == 0) & (torch.tensor(widths) > 0)[:, None]  # flash rows fully masked
+    covered = torch.zeros(b, dtype=torch.bool)
+    for a, e, _ in calls:
+        covered[a:e] = True
+    keyless = (split == 0) & covered[:, None]  # [b, q] rows fully masked in a call
     return InvariantLayout(
         heads_per_kv=heads_per_kv,
         queries=q,
         head_rows=head_rows,
-        flash_width=widths,
+        flash_calls=calls,
         flash_mask=masks,
         tail_batch=torch.arange(b).repeat_interleave(q).to(device),
         tail_columns=columns.to(device),
@@ -104,20 +141,19 @@ def layout(
 
 
 def _flash_mask(allowed, split, width: int, group: int, head_rows: int, dtype, device):
-    """One batch row's flash mask [1, 1, head_rows, width]: query row i keeps [0, split[i])
-    (which it must see: its held positions); None when the row reads no columns."""
-    if width == 0:
-        return None
-    keep = torch.arange(width)[None, :] < split[:, None]  # [q, width]
-    if bool((keep & ~allowed[:, :width]).any()):
+    """The flash mask [b, 1, head_rows, width]: query row i of batch row r keeps [0, split[r, i])
+    (which it must see: its held positions; the rest is a masked tail, measured invariant at any
+    width)."""
+    keep = torch.arange(width)[None, None, :] < split[..., None]  # [b, q, width]
+    if bool((keep & ~allowed[:, :, :width]).any()):
         raise DraftTooDeep(
             "a query row does not see every position before its split point: its row's held "
             f"positions end less than {DEPTH} before it"
         )
-    rows = keep.repeat(group, 1)  # [G * q, width], head-major
-    if head_rows > rows.shape[0]:
-        rows = torch.cat([rows, rows[:1]])
-    return _additive(rows, dtype, device)[None, None]
+    rows = keep.repeat(1, group, 1)  # [b, G * q, width], head-major
+    if head_rows > rows.shape[1]:
+        rows = torch.cat([rows, rows[:, :1]], dim=1)
+    return _additive(rows, dtype, device)[:, None]
 
 
 def _additive(allowed: torch.Tensor, dtype, device) -> torch.Tensor:
@@ -140,37 +176,35 @@ def invariant_attention(module, query, key, value, layout: InvariantLayout, scal
 
 
 def _flash_part(query, key, value, layout: InvariantLayout, scaling):
-    """Per batch row, the flash kernel over columns [0, S) of each query row (masked tail):
-    outputs [b, KVH, G, q, d] (zero without keys) and log-sum-exp [b, KVH, G, q] (-inf)."""
+    """The flash kernel over columns [0, S) of each query row (a masked tail), batch rows in the
+    layout's calls: outputs [b, KVH, G, q, d] (zero without keys) and log-sum-exp [b, KVH, G, q]
+    (-inf without keys)."""
     b, _, q, d = query.shape
     kv_heads, group = key.shape[1], layout.heads_per_kv
     folded = query.reshape(b, kv_heads, group * q, d)  # [b, KVH, G q, d], head-major rows
     if layout.head_rows > group * q:
         folded = torch.cat([folded, folded[:, :, :1]], dim=2)
-    outs, lses = [], []
-    for row, width in enumerate(layout.flash_width):
-        if width == 0:
-            outs.append(folded.new_zeros(1, kv_heads, layout.head_rows, d))
-            lses.append(folded.new_full((1, kv_heads, layout.head_rows), -torch.inf).float())
-            continue
-        o, lse = _flash(
-            folded[row : row + 1],
-            key[row : row + 1, :, :width],
-            value[row : row + 1, :, :width],
-            0.0,
-            False,
-            attn_mask=layout.flash_mask[row],
-            scale=scaling,
-        )[:2]
-        outs.append(o)
-        lses.append(lse)
-    out = outs[0] if b == 1 else torch.cat(outs)  # [b, KVH, G q', d]
-    lse = lses[0] if b == 1 else torch.cat(lses)
+    calls = layout.flash_calls
+    if len(calls) == 1 and calls[0][:2] == (0, b):  # every row in one call
+        out, lse = _flash_call(folded, key, value, calls[0], layout.flash_mask[0], scaling)
+    else:
+        out = folded.new_zeros(b, kv_heads, layout.head_rows, d)
+        lse = out.new_full((b, kv_heads, layout.head_rows), -torch.inf, dtype=torch.float32)
+        for call, mask in zip(calls, layout.flash_mask, strict=True):
+            part_out, part_lse = _flash_call(folded, key, value, call, mask, scaling)
+            out[call[0] : call[1]], lse[call[0] : call[1]] = part_out, part_lse
     out = out[:, :, : group * q].view(b, kv_heads, group, q, d)
     lse = lse[:, :, : group * q].view(b, kv_heads, group, q)
     if layout.keyless is not None:  # the kernel gives such rows lse 0: they have no keys
         lse = lse.masked_fill(layout.keyless, -torch.inf)
     return out, lse
+
+
+def _flash_call(folded, key, value, call: tuple[int, int, int], mask, scaling):
+    """One flash call: batch rows [first, end) over key columns [0, width)."""
+    first, end, width = call
+    keys, values = key[first:end, :, :width], value[first:end, :, :width]
+    return flash_attention(folded[first:end], keys, values, mask, scaling)
 
 
 def _tail_part(query, key, value, layout: InvariantLayout, scaling):
