@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -80,6 +81,18 @@ def measure_cost_curve(
         context=context,
         ms=ms,
     )
+
+
+def decode_cost(
+    widths: list[int],
+    relative: Callable[[int], float],
+    draft_levels: int = 0,
+    level_cost: float = 0.0,
+) -> float:
+    """A request's decode steps in 1-token forwards: each verify of w rows costs relative(w), each
+    draft level `level_cost`. Example: widths [4, 4, 1], relative(4) 1.2, relative(1) 1.0, 3
+    draft levels at 0.1 -> 1.2 + 1.2 + 1.0 + 0.3 = 3.7."""
+    return sum(relative(w) for w in widths) + draft_levels * level_cost
 
 
 def cache_stem(model_id: str, device, dtype) -> str:

@@ -71,6 +71,10 @@ class DoneInfo(_Event):
     accepted_by_source: dict[str, int] = Field({}, exclude_if=lambda v: not v)
     # the position-invariant forward served it: one output whatever the batch, strategy or pool
     invariant: bool = False
+    # the decode's cost in 1-token forwards (cost curve + draft levels) and the tokens it made:
+    # decode_tokens / decode_cost is its speed against `ar` (None: no cost curve on the replica)
+    decode_cost: float | None = Field(None, exclude_if=lambda v: v is None)
+    decode_tokens: int = Field(0, exclude_if=lambda v: v == 0)
     replica: str | None = Field(None, exclude_if=lambda v: v is None)  # set under Ray Serve
 
 

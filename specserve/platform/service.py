@@ -29,6 +29,7 @@ from specserve.engine.proposers import DRAFTER_KINDS, REGISTRY
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.scheduler import BatchSettings, EngineDead, QueueFull, Scheduler
 from specserve.platform.events import Delta, Done, DoneInfo, Usage, decoded_logprobs
+from specserve.platform.speed import request_cost
 from specserve.policies.router import (
     Decision,
     VariantView,
@@ -162,9 +163,8 @@ class ModelService:
         self.curve = curve
         self.ongoing = 0
         self.cancelled = 0  # requests stopped before they finished
-        self._drafters: dict[
-            tuple[str, str], tuple[object, dict]
-        ] = {}  # (artifact dir, sha) -> drafter, config
+        # (artifact dir, sha) -> drafter, its tree config, one draft level's cost (forwards)
+        self._drafters: dict[tuple[str, str], tuple[object, dict | None, float]] = {}
         self._weights_sha: str | None = None
         self.scheduler = Scheduler(self.engine, batch, curve.relative if curve else None)
         # one loader thread: cold adapters convert one at a time beside the loop (more threads
@@ -251,7 +251,7 @@ class ModelService:
             reason = f"{decision.reason}; n-grams alone (no usable {kind} drafter)"
             return dataclasses.replace(decision, reason=reason), None, None
         try:
-            drafter, drafter_cfg = self.drafter(target, kind)
+            drafter, drafter_cfg, _ = self.drafter(target, kind)
         except (ValueError, OSError) as err:  # mismatch, missing files: never garbage drafts
             if optional:
                 reason = f"{decision.reason}; its {kind} drafter was refused ({err}); n-grams alone"
@@ -265,9 +265,10 @@ class ModelService:
             decision = dataclasses.replace(decision, reason="; ".join([decision.reason, *notes]))
         return decision, drafter, drafter_cfg
 
-    def drafter(self, target: Target, kind: str) -> tuple[object, dict | None]:
+    def drafter(self, target: Target, kind: str) -> tuple[object, dict | None, float]:
         """The target's `kind` drafter, loaded once and checked against this base model and the
-        variant's adapter (a drafter of another version is refused)."""
+        variant's adapter (a drafter of another version is refused), its tree config and one
+        draft level's measured cost (None and 0 without a cost curve)."""
         from specserve.engine.drafters.artifact import base_weights_sha256, load_drafter
 
         found = [d for d in target.drafters if d.kind == kind and d.artifact_dir]
@@ -285,12 +286,12 @@ class ModelService:
                 target.adapter_sha256,
                 self._weights_sha,
             )
-            config = None
+            config, level_cost = None, 0.0
             if self.curve is not None:
                 from specserve.engine.drafters.budget import drafter_config
 
-                config = drafter_config(drafter, self.curve)
-            self._drafters[cache_key] = (drafter, config)
+                config, level_cost = drafter_config(drafter, self.curve)
+            self._drafters[cache_key] = (drafter, config, level_cost)
         return self._drafters[cache_key]
 
     def prepare_variant(self, target: Target) -> PreparedAdapter | None:
@@ -431,8 +432,15 @@ class ModelService:
             raise
         return states, decision, hold
 
+    def _decode_cost(self, state: RequestState, result) -> tuple[int, float] | None:
+        """(decode tokens, their cost in forwards) of a finished request (`speed`)."""
+        drafter = getattr(state.proposer, "drafter", None)
+        level_cost = next((c for d, _, c in self._drafters.values() if d is drafter), 0.0)
+        return request_cost(result, self.curve, drafter, level_cost)
+
     def _done(self, request: GenerateRequest, state: RequestState, decision: Decision) -> Done:
         result = self.engine.result(state)
+        costed = self._decode_cost(state, result)
         reason = decision.reason
         if state.capped_steps:
             reason += f"; load: drafts cut in {state.capped_steps} of {state.forwards} steps"
@@ -455,5 +463,7 @@ class ModelService:
                 accepted_by_source=result.accepted_by_source,
                 train_kind=decision.train_kind,
                 invariant=self.engine.invariance.invariant,
+                decode_cost=round(costed[1], 3) if costed else None,
+                decode_tokens=costed[0] if costed else 0,
             ),
         )

@@ -1,8 +1,9 @@
 """The strategy policy: which lossless strategy serves a variant now, and why.
 
 `decide(view, load, settings, now)` is pure: a forced strategy wins; saturation turns speculation
-off; a changing variant gets lookahead; a stable one gets its best drafter if that beats lookahead's
-acceptance, else lookahead (and asks for training); a busy replica shortens drafts.
+off; a changing variant gets lookahead; a stable one gets its best drafter if its measured speed
+(acceptance priced by the cost curve; acceptance alone until measured) beats lookahead's, else
+lookahead (and asks for training); a busy replica shortens drafts.
 `requestable(view, strategies)`: which strategies a request may ask for itself on that variant.
 """
 
@@ -39,6 +40,8 @@ class VariantView(BaseModel):
     version_times: list[float] = []  # created_at of every version, seconds
     drafters: list[DrafterView] = []
     measured_tau: dict[str, tuple[float, int]] = {}  # strategy -> (tau, tokens)
+    # strategy -> (decode tokens per 1-token forward of cost, i.e. speed against ar; tokens)
+    measured_speed: dict[str, tuple[float, int]] = {}
     forced_strategy: str | None = None
 
 
@@ -89,16 +92,22 @@ def _by_lifecycle(view: VariantView, settings: PolicySettings, now: float) -> De
     ready = [
         d for d in view.drafters if d.state == "succeeded" and d.kind in settings.drafter_kinds
     ]
+    by_speed = _by_speed(view, [d.kind for d in ready], settings)
+    if by_speed is not None:
+        return by_speed
     scored = [(_tau(view, d.kind, settings) or d.tau or 0.0, d.kind) for d in ready]
     if scored:
         tau, kind = max(scored)
         if tau >= settings.drafter_margin * lookahead_tau:
             return Decision(
-                kind, f"stable; {kind} tau {tau:.2f} beats lookahead {lookahead_tau:.2f}"
+                kind,
+                f"stable; {kind} tau {tau:.2f} beats lookahead {lookahead_tau:.2f} "
+                "(speeds not measured yet)",
             )
         return Decision(
             "lookahead",
-            f"stable; best drafter {kind} tau {tau:.2f} does not beat lookahead {lookahead_tau:.2f}",
+            f"stable; best drafter {kind} tau {tau:.2f} does not beat lookahead {lookahead_tau:.2f}"
+            " (speeds not measured yet)",
         )
     pending = [d.kind for d in view.drafters if d.state in ("queued", "running")]
     if pending:
@@ -141,6 +150,31 @@ def _changing_reason(view: VariantView, settings: PolicySettings, now: float) ->
     if age < settings.min_stable_age_s:
         return f"changing: version {view.version} is {age:.0f} s old (< {settings.min_stable_age_s:.0f} s)"
     return None
+
+
+def _by_speed(view: VariantView, kinds: list[str], settings: PolicySettings) -> Decision | None:
+    """Drafter or lookahead by measured speed (decode tokens per forward of cost, the cost curve
+    pricing each verify width and draft level), once lookahead and a drafter both have one.
+    Example: eagle 1.9x (tau 2.4), lookahead 1.5x (tau 1.7) -> Decision("eagle", "stable; eagle
+    measured 1.90x ar (tau 2.40) beats lookahead 1.50x (tau 1.70)")."""
+    lookahead = _speed(view, "lookahead", settings)
+    measured = [(s, k) for k in kinds if (s := _speed(view, k, settings)) is not None]
+    if lookahead is None or not measured:
+        return None
+    speed, kind = max(measured)
+    figures = (
+        f"{kind} measured {speed:.2f}x ar (tau {_tau(view, kind, settings) or 0:.2f}) "
+        f"%s lookahead {lookahead:.2f}x (tau {_tau(view, 'lookahead', settings) or 0:.2f})"
+    )
+    if speed >= settings.drafter_margin * lookahead:
+        return Decision(kind, "stable; " + figures % "beats")
+    return Decision("lookahead", "stable; " + figures % "does not beat")
+
+
+def _speed(view: VariantView, strategy: str, settings: PolicySettings) -> float | None:
+    """Measured speed of a strategy against ar once it has served enough costed tokens."""
+    speed, tokens = view.measured_speed.get(strategy, (0.0, 0))
+    return speed if tokens >= settings.min_measured_tokens and speed > 0 else None
 
 
 def _tau(view: VariantView, strategy: str, settings: PolicySettings) -> float | None:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.engine.decode import Engine
@@ -141,6 +142,11 @@ class _Run:
         )
         draft_vocab = frequent_vocab(counts, s.draft_vocab)
         spec = self.trainer.spec(s, len(draft_vocab))
+        if s.trainer.autocast == "auto":  # bf16 autocast where the target serves bf16
+            precision = "bfloat16" if self.model.dtype == torch.bfloat16 else "off"
+            s = s.model_copy(
+                update={"trainer": s.trainer.model_copy(update={"autocast": precision})}
+            )
         module = build_module(self.model, spec).to(self.model.device).float()
         rows_w = head_rows(self.model, draft_vocab.to(self.model.device)).float()
         ckpt = out_dir / "checkpoint.pt"

@@ -13,7 +13,9 @@ from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.variants import PoolBook
 from specserve.engine.batch_settings import BatchSettings
+from specserve.engine.cost import CostCurve
 from specserve.engine.decode import Engine
+from specserve.engine.drafters.modules import EagleSpec
 from specserve.engine.sampling import SamplingParams
 from specserve.models.load import LoadedModel
 from specserve.platform.events import Delta, Done, Usage
@@ -594,3 +596,44 @@ def test_hybrid_merges_the_variants_drafter_and_says_so(
             "prompt",
             "pool",
         }
+
+
+# relative(k) = k: a verify of k rows costs k 1-token forwards (easy to check by hand)
+LINEAR_CURVE = CostCurve(
+    model_id="tiny", device="cpu", dtype="f32", context=8, ms={1: 10.0, 64: 640.0}
+)
+
+
+@pytest.fixture
+def costed_service(tiny_llama, adapter_root):
+    base = copy.deepcopy(tiny_llama(1, init_range=0.1))
+    loaded = LoadedModel(base, WordTokenizer(), "tiny", None, None, frozenset())
+    adapters = ResidentAdapters(base, ["tiny-llama"], AdapterLimits(root=adapter_root))
+    service = ModelService(
+        loaded, adapters, PoolBook(), PolicySettings(), clock=lambda: 1e6, curve=LINEAR_CURVE
+    )
+    yield service
+    service.stop()
+
+
+def test_ar_costs_one_forward_a_token_and_speculation_its_verify_widths(costed_service):
+    ar = _run(costed_service, _request(strategy="ar"))[-1].specserve
+    assert ar.decode_tokens == 19 and ar.decode_cost == pytest.approx(19.0)  # 1.00x ar
+    looked = _run(costed_service, _request(strategy="prompt_lookup"))[-1].specserve
+    assert looked.decode_tokens == 19
+    # every step verifies at least its root: cost >= steps, and wider steps cost their width
+    assert looked.decode_cost >= looked.forwards - 1
+    assert "decode_cost" in looked.model_dump()
+
+
+def test_a_drafters_levels_are_priced_in(costed_service, random_drafter, tmp_path):
+    artifact = _save_drafter(
+        random_drafter, costed_service.adapters.model, tmp_path / "e", None, EagleSpec()
+    )
+    drafters = [DrafterView(kind="eagle", state="succeeded", tau=3.0, artifact_dir=str(artifact))]
+    target = Target(version_times=[0.0], drafters=drafters)
+    _, _, level_cost = costed_service.drafter(target, "eagle")
+    assert level_cost > 0
+    done = _run(costed_service, _request(target, strategy="eagle"))[-1].specserve
+    # cost = sum of widths + levels x level_cost, and every step drafts at least one level
+    assert done.decode_cost >= (done.forwards - 1) * (1 + level_cost)

@@ -14,13 +14,14 @@ HOUR = 3600.0
 S = PolicySettings()
 
 
-def view(times, drafters=(), measured=None, forced=None, name="support"):
+def view(times, drafters=(), measured=None, forced=None, name="support", speed=None):
     return VariantView(
         name=name,
         version=len(times),
         version_times=list(times),
         drafters=list(drafters),
         measured_tau=measured or {},
+        measured_speed=speed or {},
         forced_strategy=forced,
     )
 
@@ -54,7 +55,31 @@ def test_stable_with_better_drafter_is_that_drafter():
         S,
         NOW,
     )
-    assert d == Decision("eagle", "stable; eagle tau 3.10 beats lookahead 1.50")
+    assert d == Decision(
+        "eagle", "stable; eagle tau 3.10 beats lookahead 1.50 (speeds not measured yet)"
+    )
+
+
+def test_measured_speed_decides_over_acceptance():
+    """EAGLE accepts more per forward but its wide trees and draft levels cost more: lookahead
+    wins on speed, and the reason names the figures that decided."""
+    tau = {"lookahead": (1.7, 10_000), "eagle": (2.4, 10_000)}
+    speed = {"lookahead": (1.5, 10_000), "eagle": (1.3, 10_000)}
+    d = decide(view(STABLE, [drafter("eagle", "succeeded", 2.5)], tau, speed=speed), 0, S, NOW)
+    assert d == Decision(
+        "lookahead",
+        "stable; eagle measured 1.30x ar (tau 2.40) does not beat lookahead 1.50x (tau 1.70)",
+    )
+    faster = {"lookahead": (1.5, 10_000), "eagle": (1.9, 10_000)}
+    d = decide(view(STABLE, [drafter("eagle", "succeeded", 2.5)], tau, speed=faster), 0, S, NOW)
+    assert d.strategy == "eagle" and "eagle measured 1.90x ar" in d.reason
+
+
+def test_speed_needs_both_figures_and_enough_tokens():
+    tau = {"lookahead": (1.7, 10_000), "eagle": (2.4, 10_000)}
+    few = {"lookahead": (1.5, 10), "eagle": (1.3, 10_000)}  # lookahead's speed: too few tokens
+    d = decide(view(STABLE, [drafter("eagle", "succeeded", 2.5)], tau, speed=few), 0, S, NOW)
+    assert d.strategy == "eagle" and "speeds not measured yet" in d.reason
 
 
 def test_live_figures_override_held_out_and_prior():

@@ -177,8 +177,8 @@ def test_soft_cross_entropy_matches_reference_and_hard_limit():
     assert math.isclose(trainers.soft_cross_entropy(logits, one_hot).item(), hard.item())
 
 
-@pytest.mark.parametrize("soft", [False, True])
-def test_eagle_training_learns(tiny_llama, soft):
+@pytest.mark.parametrize(("soft", "autocast"), [(False, "off"), (True, "off"), (True, "bfloat16")])
+def test_eagle_training_learns(tiny_llama, soft, autocast):
     model = tiny_llama(1, init_range=0.1)
     seqs = _loopy_data(model)
     plens = [4] * len(seqs)
@@ -194,8 +194,11 @@ def test_eagle_training_learns(tiny_llama, soft):
     draft = build_module(model, EagleSpec())
     w = head_rows(model, vocab)
     before = trainers.eagle_accept_rates(draft, model, w, batches, depth=2, topk=1)
-    settings = trainers.TrainerSettings(lr=3e-3, warmup_steps=2, ce_weight=1.0, soft_labels=soft)
+    settings = trainers.TrainerSettings(
+        lr=3e-3, warmup_steps=2, ce_weight=1.0, soft_labels=soft, autocast=autocast
+    )
     state = trainers.train_eagle(draft, model, w, batches, settings, budget_s=4.0)
+    assert all(p.dtype == torch.float32 for p in draft.parameters())  # fp32 master weights
     after = trainers.eagle_accept_rates(draft, model, w, batches, depth=2, topk=1)
     assert state["step"] > 5
     assert after[0][0] > before[0][0] + 0.2, (before, after)

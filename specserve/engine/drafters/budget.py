@@ -45,9 +45,10 @@ def measure_step_cost(
     return times[len(times) // 2] * 1000 / curve.ms[min(curve.ms)]
 
 
-def drafter_config(drafter: Drafter, curve: CostCurve) -> dict:
-    """The tree for this drafter on this device: expected τ / (verify + draft cost), measured."""
+def drafter_config(drafter: Drafter, curve: CostCurve) -> tuple[dict, float]:
+    """The tree for this drafter on this device (expected τ / (verify + draft cost)) and the
+    measured cost of one draft level in 1-token target forwards."""
     step = measure_step_cost(drafter, curve)
     config = tree_config(drafter.kind, drafter.manifest.accept_rates, curve, step)
     config.pop("predicted_speedup")
-    return config
+    return config, step

@@ -40,6 +40,7 @@ class EagleProposer:
                 "(specserve train-drafter --kind eagle; pass its directory with --drafter-dir)"
             )
         self.config = config
+        self.drafter = drafter  # the trained drafter (the service prices its draft levels)
         self.draft = drafter.module
         self.target = drafter.target
         self.feature_layers = tuple(drafter.spec.feature_layers)

@@ -121,6 +121,7 @@ class HybridProposer:
             else None
         )
         self.feature_layers = self.eagle.feature_layers if self.eagle else ()
+        self.drafter = self.eagle.drafter if self.eagle else None
         self.accepted_by_source = dict.fromkeys(SOURCES, 0)
         self._chains: list[tuple[str, list[int]]] = []  # this step's n-gram chains
         self._owners: dict[tuple[int, ...], str] = {}  # kept path -> its source

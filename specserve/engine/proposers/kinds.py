@@ -33,6 +33,15 @@ class DrafterKind:
     # (acc[d][r], target cost curve, draft level cost, max nodes) -> the strategy config of the
     # tree maximizing expected τ / step cost, with its "predicted_speedup"
     tree_config: Callable[[list[list[float]], CostCurve, float, int], dict]
+    # whether a step runs one draft level per tree depth (EAGLE) or one for the whole tree (Medusa)
+    level_per_depth: bool = True
+
+    def draft_levels(self, drafted_by_depth: list[int]) -> int:
+        """Draft levels a request ran, from its steps drafting at least each depth. Example:
+        [5, 3, 1] (5 drafting steps, 3 reaching depth 2, 1 depth 3): 9 per depth, 5 per step."""
+        if self.level_per_depth:
+            return sum(drafted_by_depth)
+        return drafted_by_depth[0] if drafted_by_depth else 0
 
     @property
     def name(self) -> str:

@@ -44,6 +44,7 @@ class MedusaProposer:
                 "strategy 'medusa' needs a trained Medusa drafter for this model "
                 "(specserve train-drafter --kind medusa; pass its directory with --drafter-dir)"
             )
+        self.drafter = drafter  # the trained drafter (the service prices its draft levels)
         self.heads = drafter.module
         spec = drafter.spec
         acc = config.accept_rates or drafter.manifest.accept_rates
@@ -104,4 +105,6 @@ def _tree_config(acc: list[list[float]], curve: CostCurve, step_cost: float, max
     return {"tree_size": max(size, 1), "predicted_speedup": round(speed, 3)}
 
 
-MEDUSA_KIND = DRAFTER_KINDS.register(DrafterKind(MedusaSpec, _heads, _draft_level, _tree_config))
+MEDUSA_KIND = DRAFTER_KINDS.register(
+    DrafterKind(MedusaSpec, _heads, _draft_level, _tree_config, level_per_depth=False)
+)

@@ -37,6 +37,8 @@ class AcceptanceRecorder:
             forwards=info.forwards,
             drafted=sum(info.drafted_by_depth),
             accepted=sum(info.accepted_by_depth),
+            costed_tokens=info.decode_tokens if info.decode_cost else 0,
+            cost_milli=round(info.decode_cost * 1000) if info.decode_cost else 0,
         )
         self._add({(VariantKey(info.variant, info.version), info.strategy): figures})
 

@@ -96,19 +96,19 @@ class DrafterStatus(_Record):
 
 
 class Acceptance(_Record):
-    """Accumulated figures of one strategy on one variant@version."""
+    """Accumulated figures of one strategy on one variant@version; `costed_tokens` decode tokens
+    of requests served with a cost curve cost `cost_milli` thousandths of a 1-token forward."""
 
     tokens: int = 0
     forwards: int = 0
     drafted: int = 0
     accepted: int = 0
+    costed_tokens: int = 0
+    cost_milli: int = 0
 
     def __add__(self, other: Acceptance) -> Acceptance:
         return Acceptance(
-            tokens=self.tokens + other.tokens,
-            forwards=self.forwards + other.forwards,
-            drafted=self.drafted + other.drafted,
-            accepted=self.accepted + other.accepted,
+            **{f: getattr(self, f) + getattr(other, f) for f in Acceptance.model_fields}
         )
 
     @property
@@ -119,6 +119,12 @@ class Acceptance(_Record):
     @property
     def acceptance_rate(self) -> float | None:
         return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def speedup(self) -> float | None:
+        """Decode tokens per 1-token forward of cost: the measured speed against `ar` (1.0).
+        Example: 800 tokens for 400,000 milli-forwards -> 2.0."""
+        return self.costed_tokens * 1000 / self.cost_milli if self.cost_milli else None
 
 
 class VariantInfo(_Record):
@@ -162,6 +168,9 @@ class VariantState(VariantInfo):
                 for d in self.drafters.values()
             ],
             measured_tau={s: (a.tau or 0.0, a.tokens) for s, a in self.acceptance.items()},
+            measured_speed={
+                s: (a.speedup, a.costed_tokens) for s, a in self.acceptance.items() if a.speedup
+            },
             forced_strategy=self.override,
         )
 

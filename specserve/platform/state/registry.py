@@ -27,7 +27,7 @@ from specserve.platform.state.records import (
 from specserve.platform.state.store import Store, StoreError
 from specserve.policies.settings import PolicySettings
 
-ACCEPTANCE_FIELDS = ("tokens", "forwards", "drafted", "accepted")
+ACCEPTANCE_FIELDS = tuple(Acceptance.model_fields)  # tokens, forwards, ..., cost_milli
 _STRATEGY = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _PER_VERSION = ("versions", "drafters", "acceptance", "broken")  # what `Registry.variant` reads
 
@@ -247,11 +247,20 @@ class Registry:
         forwards: int = 0,
         drafted: int = 0,
         accepted: int = 0,
+        costed_tokens: int = 0,
+        cost_milli: int = 0,
     ) -> Acceptance:
         """Add one batch of figures (non-negative) for `strategy` on `key`; the new totals.
         Model servers should aggregate locally and flush periodically, not call this per token."""
         check_strategy(strategy)
-        add = {"tokens": tokens, "forwards": forwards, "drafted": drafted, "accepted": accepted}
+        add = {
+            "tokens": tokens,
+            "forwards": forwards,
+            "drafted": drafted,
+            "accepted": accepted,
+            "costed_tokens": costed_tokens,
+            "cost_milli": cost_milli,
+        }
         if any(v < 0 for v in add.values()):
             raise ValueError("acceptance figures must be >= 0")
         values = self.store.hincr(

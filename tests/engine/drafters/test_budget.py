@@ -22,6 +22,7 @@ def test_every_kind_has_a_spec_here():
 def test_each_kind_prices_its_draft_level_and_sizes_a_valid_tree(tiny_llama, random_drafter, name):
     drafter = random_drafter(tiny_llama(0), SPECS[name])
     assert measure_step_cost(drafter, CURVE, repeats=3) > 0
-    config = drafter_config(drafter, CURVE)
+    config, level_cost = drafter_config(drafter, CURVE)
+    assert level_cost > 0
     assert "predicted_speedup" not in config
     assert REGISTRY.config(name, config).model_dump(exclude_unset=True) == config

@@ -154,6 +154,11 @@ def test_acceptance_accumulates_per_version_and_strategy(registry):
     assert got["lookahead"].acceptance_rate == pytest.approx(0.3)
     assert got["eagle"].tau == 3.0 and got["eagle"].acceptance_rate is None
     assert registry.acceptance(v2) == {}
+    registry.record_acceptance(v1, "eagle", costed_tokens=8, cost_milli=4000)
+    registry.record_acceptance(v1, "eagle", costed_tokens=4, cost_milli=2000)
+    eagle = registry.acceptance(v1)["eagle"]
+    assert eagle.speedup == pytest.approx(2.0)
+    assert registry.variant(str(v1)).policy_view().measured_speed["eagle"] == (2.0, 12)
     with pytest.raises(ValueError):
         registry.record_acceptance(v1, "eagle", tokens=-1)
     with pytest.raises(ValueError):
