@@ -22,6 +22,7 @@ class ScaleFigures(BaseModel):
     replicas_down_s: float | None = None
     node_removed_s: float | None = None
     counts: Counts = Counts()
+    error_codes: dict[str, int] = Field(default_factory=dict)
     p50_s: float | None = None
     p99_s: float | None = None
 

@@ -74,7 +74,8 @@ class LocalCluster:
         command += ["--disable-usage-stats", f"--object-store-memory={self.object_store_bytes}"]
         if self.gcs_redis is not None:
             address, password = self.gcs_redis
-            env |= {"RAY_REDIS_ADDRESS": address, "REDIS_PASSWORD": password}
+            env["RAY_REDIS_ADDRESS"] = address
+            command.append(f"--redis-password={password}")  # Ray passes it on in argv anyway
             env["RAY_external_storage_namespace"] = f"specserve-demo-{self.marker}"
         log = (self.work_dir / "ray-start.log").open("w")
         subprocess.run(command, env=env, stdout=log, stderr=log, check=True, timeout=timeout_s)
@@ -165,22 +166,32 @@ class LocalCluster:
 
     # ------------------------------------------------------------------------- teardown
     def stop(self, grace_s: float = 10.0) -> int:
-        """SIGTERM this cluster's processes, SIGKILL those left after `grace_s`; how many."""
-        procs = self.processes()
-        for proc in procs:
-            try:
-                proc.send_signal(signal.SIGTERM)
-            except psutil.NoSuchProcess:
-                continue
-        _, alive = psutil.wait_procs(procs, timeout=grace_s)
-        for proc in alive:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                continue
-        psutil.wait_procs(alive, timeout=grace_s)
+        """SIGTERM this cluster's processes, SIGKILL those left after `grace_s`, again until none
+        is left (a process may start while others stop); how many were stopped."""
+        stopped = 0
+        for _ in range(5):
+            procs = self.processes()
+            if not procs:
+                break
+            stopped += len(procs)
+            _terminate(procs, grace_s)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
-        return len(procs)
+        return stopped
+
+
+def _terminate(procs: list[psutil.Process], grace_s: float) -> None:
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(alive, timeout=grace_s)
 
 
 def wait_for(check, timeout_s: float, poll_s: float = 0.5):

@@ -30,6 +30,7 @@ class Bounds(BaseModel):
     limit: int = Field(20000, ge=1, description="most load requests in all")
     wait_s: float = Field(150.0, gt=0, description="longest wait for one transition")
     burst: int = Field(8, ge=2, description="concurrent requests of a variant's first burst")
+    pool_tokens: int = Field(16, ge=1, description="tokens of the pool scenario's answers")
 
 
 class Run:
@@ -82,7 +83,7 @@ def ramp_down(run: Run, load: Load, figures: ScaleFigures, min_workers: int) -> 
     figures.node_removed_s = run.since(t, lambda: run.workers() == min_workers)
     figures.replicas.append(observe.running_replicas())
     figures.nodes.append(run.workers())
-    figures.counts = Counts.of(results)
+    figures.counts, figures.error_codes = Counts.of(results), error_codes(results)
     latencies = [r.ended - r.started for r in results if r.outcome == "completed"]
     figures.p50_s = observe.percentile(latencies, 0.5)
     figures.p99_s = observe.percentile(latencies, 0.99)
@@ -113,7 +114,7 @@ def pool_across_nodes(run: Run, name: str = "shared") -> PoolFigures:
     if len(held) < 2:
         figures.notes.append(f"the first burst reached {len(held)} node(s)")
     text = prompt(7, words=10)
-    cold = ask(run.url, name, text, run.bounds.max_tokens)
+    cold = ask(run.url, name, text, run.bounds.pool_tokens)
     figures.learned_on_node = nodes.get(cold.replica)
     time.sleep(5.0)  # two pool-sync rounds (PoolSyncSettings.interval_s): pushed, then pulled
     cross = _elsewhere(run, name, text, figures.learned_on_node, nodes)
@@ -131,7 +132,7 @@ def pool_across_nodes(run: Run, name: str = "shared") -> PoolFigures:
 def _elsewhere(run: Run, name: str, text: str, node: str | None, nodes: dict) -> Answer | None:
     """The first answer of `text` served on a node other than `node` (bounded tries)."""
     for _ in range(12):
-        answer = ask(run.url, name, text, run.bounds.max_tokens)
+        answer = ask(run.url, name, text, run.bounds.pool_tokens)
         if nodes.get(answer.replica) not in (None, node):
             return answer
     return None
