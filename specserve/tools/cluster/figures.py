@@ -105,13 +105,18 @@ class Summary(BaseModel):
         """The issue's bar, each as met or not."""
         s, p, k = self.scale, self.pool, self.kill
         return {
-            "replicas 1 -> >=2 -> 1": bool(s and s.replicas[0] == 1 and s.replicas[1] >= 2
-                                           and s.replicas[2] == 1),
-            "node added and removed": bool(s and s.nodes[1] > s.nodes[0] and s.nodes[2] < s.nodes[1]),
+            "replicas 1 -> >=2 -> 1": bool(
+                s and s.replicas[0] == 1 and s.replicas[1] >= 2 and s.replicas[2] == 1
+            ),
+            "node added and removed": bool(
+                s and s.nodes[1] > s.nodes[0] and s.nodes[2] < s.nodes[1]
+            ),
             "pool hits across nodes > 0": bool(p and (p.pool_hits_across_nodes or 0) > 0),
-            "version bump on every node": bool(p and p.nodes_serving_bump >= 2
-                                               and p.bump_answers_on_new_version),
-            "node kill: 0 lost, 0 hung": bool(k and k.in_flight_at_kill > 0 and k.lost == 0
-                                              and k.hung == 0),
+            "version bump on every node": bool(
+                p and p.nodes_serving_bump >= 2 and p.bump_answers_on_new_version
+            ),
+            "node kill: 0 lost, 0 hung": bool(
+                k and k.in_flight_at_kill > 0 and k.lost == 0 and k.hung == 0
+            ),
             "serves again after the kill": bool(k and k.serves_again_s is not None),
         }

@@ -63,9 +63,9 @@ class LocalCluster:
     def start(self, timeout_s: float = 120.0) -> LocalCluster:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         config = self.work_dir / "autoscaling-config.json"
-        config.write_text(json.dumps(
-            self.shape.autoscaling_config(self.address, self.object_store_bytes)
-        ))
+        config.write_text(
+            json.dumps(self.shape.autoscaling_config(self.address, self.object_store_bytes))
+        )
         env = os.environ | self.env | {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
         command = [str(Path(sys.executable).parent / "ray"), "start", "--head"]
         command += [f"--port={self.port}", "--node-ip-address=127.0.0.1"]
@@ -159,9 +159,7 @@ class LocalCluster:
             raise RuntimeError("kill_gcs first")
         command, env = self._gcs_command
         log = (self.work_dir / "gcs-restart.log").open("a")
-        proc = subprocess.Popen(
-            command, env=env, stdout=log, stderr=log, start_new_session=True
-        )
+        proc = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
         return proc.pid
 
     # ------------------------------------------------------------------------- teardown

@@ -113,9 +113,15 @@ class Timeline:
                 self.samples.append(self.sample())
             except Exception as err:  # noqa: BLE001 - a GCS outage must not end the timeline
                 self.samples.append(
-                    Sample(t=self.now(), phase=f"{self.phase} ({type(err).__name__})",
-                           replicas=-1, nodes=-1, in_flight=self.in_flight(), completed=0,
-                           errors=0)
+                    Sample(
+                        t=self.now(),
+                        phase=f"{self.phase} ({type(err).__name__})",
+                        replicas=-1,
+                        nodes=-1,
+                        in_flight=self.in_flight(),
+                        completed=0,
+                        errors=0,
+                    )
                 )
 
     def sample(self) -> Sample:

@@ -28,8 +28,13 @@ def plot_timeline(summary: Summary, path: Path) -> Path:
     bottom.plot(t, [s.p50_s for s in samples], ".", label="p50 latency")
     bottom.plot(t, [s.p99_s for s in samples], ".", label="p99 latency")
     failed = [s for s in samples if s.errors]
-    bottom.plot([s.t for s in failed], [s.errors for s in failed], "x", color="red",
-                label="requests ended with an error (count)")
+    bottom.plot(
+        [s.t for s in failed],
+        [s.errors for s in failed],
+        "x",
+        color="red",
+        label="requests ended with an error (count)",
+    )
     bottom.set_xlabel("seconds")
     bottom.set_ylabel("seconds / errors")
     bottom.legend(loc="upper left")

@@ -53,7 +53,9 @@ def run_demo(settings: DemoSettings, command: str = "", log=print) -> Summary:
     from specserve.platform.state.redis_server import EmbeddedRedis, free_port
 
     work = settings.work_dir
-    shape = ClusterShape.from_manifest().model_copy(update={"idle_timeout_s": settings.idle_timeout_s})
+    shape = ClusterShape.from_manifest().model_copy(
+        update={"idle_timeout_s": settings.idle_timeout_s}
+    )
     model_dir = app.make_tiny_model(work / "model")
     (work / "adapters").mkdir(parents=True, exist_ok=True)
     redis = EmbeddedRedis(start_timeout_s=20).start()
@@ -68,8 +70,9 @@ def run_demo(settings: DemoSettings, command: str = "", log=print) -> Summary:
         _shutdown(cluster, redis, log)
 
 
-def _environment(settings: DemoSettings, redis_url: str, token: str, work: Path,
-                 worker_port: int) -> dict[str, str]:
+def _environment(
+    settings: DemoSettings, redis_url: str, token: str, work: Path, worker_port: int
+) -> dict[str, str]:
     from specserve.platform.rayserve import loopback
 
     return {
@@ -96,16 +99,22 @@ def _run(settings, cluster, shape, env, model_dir, token, port, command, log) ->
     started = time.monotonic()
     min_workers = sum(t.min_workers for t in shape.workers.values())
     wait_for(lambda: sum(not n.head for n in cluster.nodes()) >= min_workers, 120)
-    overrides = app.ScalingOverrides(upscale_delay_s=settings.upscale_delay_s,
-                                     downscale_delay_s=settings.downscale_delay_s)
+    overrides = app.ScalingOverrides(
+        upscale_delay_s=settings.upscale_delay_s, downscale_delay_s=settings.downscale_delay_s
+    )
     args, deployments = app.serve_app_config(model_dir, settings.work_dir / "adapters", overrides)
     app.deploy(args, deployments, port)
     log(f"platform up on http://127.0.0.1:{port} after {time.monotonic() - started:.0f} s")
-    summary = Summary(command=command, machine=machine(), settings=settings.model_dump(mode="json"),
-                      serve_autoscaling=app.server_scaling(deployments),
-                      cluster=shape.model_dump())
-    _scenarios(settings, summary, cluster, f"http://127.0.0.1:{port}", token, model_dir,
-               min_workers, log)
+    summary = Summary(
+        command=command,
+        machine=machine(),
+        settings=settings.model_dump(mode="json"),
+        serve_autoscaling=app.server_scaling(deployments),
+        cluster=shape.model_dump(),
+    )
+    _scenarios(
+        settings, summary, cluster, f"http://127.0.0.1:{port}", token, model_dir, min_workers, log
+    )
     summary.seconds = round(time.monotonic() - started, 1)
     return summary
 
@@ -115,10 +124,19 @@ def _scenarios(settings, summary, cluster, url, token, model_dir, min_workers, l
     from specserve.tools.cluster.traffic import Recorder
 
     recorder = Recorder()
-    timeline = observe.Timeline(recorder.results, recorder.in_flight,
-                                lambda: sum(not n.head for n in cluster.nodes())).start()
-    run = scenarios.Run(cluster, url, token, model_dir, settings.work_dir / "adapters",
-                        settings.bounds, timeline, recorder)
+    timeline = observe.Timeline(
+        recorder.results, recorder.in_flight, lambda: sum(not n.head for n in cluster.nodes())
+    ).start()
+    run = scenarios.Run(
+        cluster,
+        url,
+        token,
+        model_dir,
+        settings.work_dir / "adapters",
+        settings.bounds,
+        timeline,
+        recorder,
+    )
     load = None
     try:
         load, summary.scale = scenarios.ramp_up(run)
@@ -131,8 +149,9 @@ def _scenarios(settings, summary, cluster, url, token, model_dir, min_workers, l
         load = None
         log(f"scale-in: {summary.scale.model_dump_json()}")
         if settings.gcs_restart:
-            summary.gcs = _guard(summary, "gcs",
-                                 lambda: gcs.restart_gcs(run, settings.gcs_outage_s))
+            summary.gcs = _guard(
+                summary, "gcs", lambda: gcs.restart_gcs(run, settings.gcs_outage_s)
+            )
             log(f"gcs: {summary.gcs.model_dump_json() if summary.gcs else None}")
     finally:
         if load is not None:
@@ -166,8 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=scenarios.Bounds().clients)
     parser.add_argument("--no-gcs", action="store_true", help="skip the GCS restart")
     ns = parser.parse_args(argv)
-    settings = DemoSettings(work_dir=ns.work_dir.resolve(), out=ns.out, plot=ns.plot,
-                            bounds=scenarios.Bounds(clients=ns.clients), gcs_restart=not ns.no_gcs)
+    settings = DemoSettings(
+        work_dir=ns.work_dir.resolve(),
+        out=ns.out,
+        plot=ns.plot,
+        bounds=scenarios.Bounds(clients=ns.clients),
+        gcs_restart=not ns.no_gcs,
+    )
     summary = run_demo(settings, command=" ".join(["python", *sys.argv]))
     out = settings.out or settings.work_dir / "summary.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -177,6 +201,15 @@ def main(argv: list[str] | None = None) -> int:
 
         plot_timeline(summary, settings.plot)
     targets = summary.targets()
-    print(json.dumps({"summary": str(out), "seconds": summary.seconds, "targets": targets,
-                      "errors": summary.errors}, indent=1))
+    print(
+        json.dumps(
+            {
+                "summary": str(out),
+                "seconds": summary.seconds,
+                "targets": targets,
+                "errors": summary.errors,
+            },
+            indent=1,
+        )
+    )
     return 0 if all(targets.values()) and not summary.errors else 1

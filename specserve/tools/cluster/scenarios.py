@@ -37,9 +37,17 @@ class Run:
     """What the scenarios share: the cluster, the platform's URL and token, the traffic and the
     timeline, where files go."""
 
-    def __init__(self, cluster: LocalCluster, url: str, token: str, model_dir: Path,
-                 adapter_root: Path, bounds: Bounds, timeline: observe.Timeline,
-                 recorder: Recorder) -> None:
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        url: str,
+        token: str,
+        model_dir: Path,
+        adapter_root: Path,
+        bounds: Bounds,
+        timeline: observe.Timeline,
+        recorder: Recorder,
+    ) -> None:
         self.cluster, self.url, self.token = cluster, url, token
         self.model_dir, self.adapter_root, self.bounds = model_dir, adapter_root, bounds
         self.timeline, self.recorder = timeline, recorder
@@ -48,12 +56,21 @@ class Run:
         return sum(not n.head for n in self.cluster.nodes())
 
     def spec(self, i: int) -> ChatSpec:
-        return ChatSpec(url=self.url, model=MODEL, prompt=prompt(i % 16),
-                        max_tokens=self.bounds.max_tokens, deadline_s=self.bounds.request_deadline_s)
+        return ChatSpec(
+            url=self.url,
+            model=MODEL,
+            prompt=prompt(i % 16),
+            max_tokens=self.bounds.max_tokens,
+            deadline_s=self.bounds.request_deadline_s,
+        )
 
     def since(self, t: float, check) -> float | None:
         """Seconds from timeline time `t` until `check()` holds (None: not within the bound)."""
-        return None if wait_for(check, self.bounds.wait_s) is None else round(self.timeline.now() - t, 2)
+        return (
+            None
+            if wait_for(check, self.bounds.wait_s) is None
+            else round(self.timeline.now() - t, 2)
+        )
 
     def load(self, clients: int | None = None) -> Load:
         return Load(self.recorder, self.spec, clients or self.bounds.clients, self.bounds.limit)
@@ -62,8 +79,9 @@ class Run:
 def ramp_up(run: Run) -> tuple[Load, ScaleFigures]:
     """Start the load; wait until Serve runs two ModelServer replicas and the autoscaler has
     added a worker node for the second."""
-    figures = ScaleFigures(clients=run.bounds.clients,
-                           replicas=[observe.running_replicas()], nodes=[run.workers()])
+    figures = ScaleFigures(
+        clients=run.bounds.clients, replicas=[observe.running_replicas()], nodes=[run.workers()]
+    )
     run.timeline.phase = "load"
     load, t = run.load().start(), run.timeline.now()
     figures.node_added_s = run.since(t, lambda: run.workers() > figures.nodes[0])
@@ -165,17 +183,22 @@ def kill_node(run: Run) -> KillFigures:
     return figures
 
 
-def _recovery(run: Run, figures: KillFigures, t_kill: float, mono_kill: float,
-              workers: int) -> None:
+def _recovery(
+    run: Run, figures: KillFigures, t_kill: float, mono_kill: float, workers: int
+) -> None:
     def served_again() -> bool:
-        return any(r.outcome == "completed" and r.started > mono_kill for r in run.recorder.results())
+        return any(
+            r.outcome == "completed" and r.started > mono_kill for r in run.recorder.results()
+        )
 
     figures.serves_again_s = run.since(t_kill, served_again)
     figures.replicas_back_s = run.since(t_kill, lambda: observe.running_replicas() >= 2)
     figures.node_replaced_s = run.since(t_kill, lambda: run.workers() >= workers)
     # every request in flight at the kill ends by its deadline (past it: hung)
-    wait_for(lambda: (run.recorder.oldest_in_flight() or mono_kill) >= mono_kill,
-             run.bounds.request_deadline_s + 10)
+    wait_for(
+        lambda: (run.recorder.oldest_in_flight() or mono_kill) >= mono_kill,
+        run.bounds.request_deadline_s + 10,
+    )
     crossing = [r for r in run.recorder.results() if r.started < mono_kill < r.ended]
     figures.in_flight_outcomes = Counts.of(crossing)
     figures.error_codes = error_codes(crossing)

@@ -22,7 +22,7 @@ _QUANTITY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
 UPSCALING_SPEED = {"Conservative": 1.0, "Default": 1000.0, "Aggressive": 1000.0}
 
 
-def quantity(value: str | int | float) -> float:
+def quantity(value: str | float) -> float:
     """A Kubernetes quantity as a number: "500m" -> 0.5, "4Gi" -> 4294967296."""
     match = _QUANTITY.match(str(value))
     if match is None or match.group(2) not in {"", *_SUFFIXES}:

@@ -128,13 +128,20 @@ def ask(url: str, model: str, prompt: str, max_tokens: int, strategy: str = "loo
     )
 
 
-def admin(url: str, token: str, path: str, body: dict) -> dict:
-    """POST an admin call; the JSON answer (raises urllib's HTTPError on a refusal)."""
-    request = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(), method="POST")
-    request.add_header("Content-Type", "application/json")
-    request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=60) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        raise RuntimeError(f"{path}: HTTP {err.code}: {err.read()[:300]!r}") from None
+def admin(url: str, token: str, path: str, body: dict, tries: int = 5) -> dict:
+    """POST an admin call; the JSON answer. A 503 (registry briefly unreachable: "retry
+    shortly") is tried again after a second, up to `tries` times; other refusals raise."""
+    for attempt in range(1, tries + 1):
+        request = urllib.request.Request(
+            f"{url}{path}", data=json.dumps(body).encode(), method="POST"
+        )
+        request.add_header("Content-Type", "application/json")
+        request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            if err.code != 503 or attempt == tries:
+                raise RuntimeError(f"{path}: HTTP {err.code}: {err.read()[:300]!r}") from None
+        time.sleep(1.0)
+    raise AssertionError("unreachable")
