@@ -122,20 +122,23 @@ def _burst(run: Run, name: str, count: int, seed: int) -> list[Answer]:
         return [job.result() for job in jobs]
 
 
-def pool_across_nodes(run: Run, name: str = "shared") -> PoolFigures:
+def pool_across_nodes(run: Run, name: str = "shared", tries: int = 3) -> PoolFigures:
     """A variant on both nodes; its pool learned on one node is drafted from on the other."""
     figures = PoolFigures(variant=name)
     run.timeline.phase = "pool"
-    _register(run, name, seed=1)
     nodes = observe.replica_nodes()
-    held = {nodes.get(a.replica) for a in _burst(run, name, run.bounds.burst, seed=100)}
-    if len(held) < 2:
-        figures.notes.append(f"the first burst reached {len(held)} node(s)")
+    for attempt in range(tries):  # Serve may put a whole burst on one replica: a fresh variant
+        figures.variant = f"{name}-{attempt}"
+        _register(run, figures.variant, seed=1)
+        burst = _burst(run, figures.variant, run.bounds.burst, seed=100)
+        if len({nodes.get(a.replica) for a in burst} - {None}) >= 2:
+            break
+        figures.notes.append(f"{figures.variant}: its first burst reached one node")
     text = prompt(7, words=10)
-    cold = ask(run.url, name, text, run.bounds.pool_tokens)
+    cold = ask(run.url, figures.variant, text, run.bounds.pool_tokens)
     figures.learned_on_node = nodes.get(cold.replica)
     time.sleep(5.0)  # two pool-sync rounds (PoolSyncSettings.interval_s): pushed, then pulled
-    cross = _elsewhere(run, name, text, figures.learned_on_node, nodes)
+    cross = _elsewhere(run, figures.variant, text, figures.learned_on_node, nodes)
     if cross is not None:
         figures.used_on_node = nodes.get(cross.replica)
         figures.cross_node_tau, figures.cross_node_accepted = cross.tau, cross.accepted
@@ -143,7 +146,10 @@ def pool_across_nodes(run: Run, name: str = "shared") -> PoolFigures:
         if cross.text != cold.text:
             figures.notes.append("the two answers differ: not the same greedy output")
     figures.cold_tau, figures.cold_accepted = cold.tau, cold.accepted
-    _bump(run, name, figures, nodes)
+    for _ in range(tries):  # each version is a new multiplexed id, spread afresh
+        _bump(run, figures.variant, figures, nodes)
+        if figures.nodes_serving_bump >= 2:
+            break
     return figures
 
 
