@@ -1,0 +1,147 @@
+"""The demo's requests: `Recorder` (every streaming request's result, and how many are in flight),
+`Load` (N streaming clients back to back until stopped, bounded in count), and `ask` (one plain,
+non-streaming completion whose `specserve` object says which replica served it and how)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from pydantic import BaseModel
+
+from specserve.tools.faults.outcome import ChatSpec, RequestResult, send_chat
+
+
+class Recorder:
+    """Results of every request sent through it, in the order they ended; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._results: list[RequestResult] = []
+        self._started: dict[int, float] = {}  # requests in flight: id -> time.monotonic() sent
+        self._next = 0
+
+    def send(self, spec: ChatSpec) -> RequestResult:
+        with self._lock:
+            key, self._next = self._next, self._next + 1
+            self._started[key] = time.monotonic()
+        try:
+            result = send_chat(spec)
+        finally:
+            with self._lock:
+                self._started.pop(key)
+        with self._lock:
+            self._results.append(result)
+        return result
+
+    def oldest_in_flight(self) -> float | None:
+        """When the oldest request still in flight was sent (None: none is)."""
+        with self._lock:
+            return min(self._started.values(), default=None)
+
+    def results(self) -> list[RequestResult]:
+        with self._lock:
+            return list(self._results)
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._started)
+
+
+class Load:
+    """`clients` threads, each sending `spec(i)` back to back through `recorder` from `start()`
+    until `stop()`, at most `limit` requests in all."""
+
+    def __init__(self, recorder: Recorder, spec, clients: int, limit: int) -> None:
+        self.recorder, self.spec, self.limit = recorder, spec, limit
+        self.results: list[RequestResult] = []
+        self._sent, self._lock, self._stop = 0, threading.Lock(), threading.Event()
+        self._threads = [threading.Thread(target=self._work, daemon=True) for _ in range(clients)]
+
+    def _take(self) -> int | None:
+        with self._lock:
+            if self._stop.is_set() or self._sent >= self.limit:
+                return None
+            self._sent += 1
+            return self._sent - 1
+
+    def _work(self) -> None:
+        while (i := self._take()) is not None:
+            self.results.append(self.recorder.send(self.spec(i)))
+
+    def start(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self, wait: bool = True) -> list[RequestResult]:
+        """No new requests; with `wait`, until those in flight end (each by its deadline)."""
+        self._stop.set()
+        if wait:
+            for thread in self._threads:
+                thread.join()
+        return list(self.results)
+
+
+class Answer(BaseModel):
+    """A non-streaming completion's figures: who served it and what the draft tokens did."""
+
+    replica: str
+    version: int | None
+    strategy: str
+    tau: float
+    forwards: int
+    completion_tokens: int
+    accepted: int  # draft tokens accepted in all (the sum over depths)
+    text: str
+
+
+def ask(url: str, model: str, prompt: str, max_tokens: int, strategy: str = "lookahead") -> Answer:
+    """One greedy completion of `prompt`, `strategy` asked for; raises on a non-200 answer."""
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "speculation": strategy,
+    }
+    request = urllib.request.Request(
+        f"{url}/v1/completions", data=json.dumps(body).encode(), method="POST"
+    )
+    request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        answer = json.loads(resp.read())
+    info = answer["specserve"]
+    return Answer(
+        replica=info["replica"],
+        version=info.get("version"),
+        strategy=info["strategy"],
+        tau=info["tau"],
+        forwards=info["forwards"],
+        completion_tokens=answer["usage"]["completion_tokens"],
+        accepted=sum(info["accepted_by_depth"]),
+        text=answer["choices"][0]["text"],
+    )
+
+
+def admin(url: str, token: str, path: str, body: dict, tries: int = 5) -> dict:
+    """POST an admin call; the JSON answer. A 503 (registry briefly unreachable: "retry
+    shortly") is tried again after a second, up to `tries` times; other refusals raise."""
+    for attempt in range(1, tries + 1):
+        request = urllib.request.Request(
+            f"{url}{path}", data=json.dumps(body).encode(), method="POST"
+        )
+        request.add_header("Content-Type", "application/json")
+        request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            if err.code != 503 or attempt == tries:
+                raise RuntimeError(f"{path}: HTTP {err.code}: {err.read()[:300]!r}") from None
+        time.sleep(1.0)
+    raise AssertionError("unreachable")
