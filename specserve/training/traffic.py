@@ -5,7 +5,7 @@ whether a retrained drafter replaces the current one (only when it beats it) and
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 
 class ServedExample(BaseModel):
@@ -30,7 +30,7 @@ class HeldoutFigures(BaseModel):
     """A drafter decoding held-out prompts greedily: tokens per target forward (tau) and the
     share of drafted tokens accepted."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True)  # tau, acceptance_rate: computed
 
     prompts: int = Field(ge=0)
     tokens: int = Field(ge=0)
@@ -38,16 +38,15 @@ class HeldoutFigures(BaseModel):
     drafted: int = Field(ge=0)
     accepted: int = Field(ge=0)
 
+    @computed_field
     @property
     def tau(self) -> float:
         return round(self.tokens / self.forwards, 4) if self.forwards else 0.0
 
+    @computed_field
     @property
     def acceptance_rate(self) -> float:
         return round(self.accepted / self.drafted, 4) if self.drafted else 0.0
-
-    def summary(self) -> dict:
-        return self.model_dump() | {"tau": self.tau, "acceptance_rate": self.acceptance_rate}
 
 
 def replacement(
