@@ -53,6 +53,9 @@ class DrafterTrainSettings(BaseModel):
     traffic_weight: int = Field(
         4, ge=1, description="each served request trains this many times per epoch"
     )
+    traffic_eval_prompts: int = Field(
+        24, ge=1, description="held-out served prompts (the most recent) drafters are compared on"
+    )
     draft_vocab: int = Field(8192, ge=16)
     eagle_context: int = Field(
         64, ge=1, description="prompt tokens kept before each answer in EAGLE training rows"
@@ -108,15 +111,12 @@ class _Parts:
         train_c, held_c = corpus.split(min(s.heldout, max(len(corpus.sequences) // 10, 1)))
         if self.served is None:
             return [(train_c, self.data_dir, 1)], (held_c, self.data_dir), corpus.source
-        traffic = traffic_corpus(run.tokenizer, eos_id, self.served, s.corpus.max_tokens)
-        held_n = max(round(len(traffic.sequences) * s.traffic_heldout), 1)
-        if len(traffic.sequences) < held_n + 1:
-            raise ValueError(
-                f"train-drafter: {len(traffic.sequences)} usable served requests (need 2)"
-            )
-        older, recent = traffic.split(held_n)
+        older, recent = traffic_split(run.tokenizer, eos_id, self.served, s)
         train = [(train_c, self.data_dir, 1), (older, self.traffic_dir, s.traffic_weight)]
-        source = f"{corpus.source} + {traffic.source} ({held_n} most recent held out)"
+        source = (
+            f"{corpus.source} + {len(older.sequences) + len(recent.sequences)} served requests"
+            f" ({len(recent.sequences)} most recent held out)"
+        )
         return train, (recent, self.traffic_dir), source
 
 
@@ -258,6 +258,38 @@ class _Run:
                 "dtype": str(self.model.dtype),
             },
         )
+
+
+def traffic_split(
+    tokenizer, eos_id: int, served: list[ServedExample], settings: DrafterTrainSettings
+) -> tuple[Corpus, Corpus]:
+    """(older, most recent) of the served requests: the most recent `traffic_heldout` share (at
+    least one) is held out, the older ones train."""
+    traffic = traffic_corpus(tokenizer, eos_id, served, settings.corpus.max_tokens)
+    held_n = max(round(len(traffic.sequences) * settings.traffic_heldout), 1)
+    if len(traffic.sequences) < held_n + 1:
+        raise ValueError(f"train-drafter: {len(traffic.sequences)} usable served requests (need 2)")
+    return traffic.split(held_n)
+
+
+def compare_on_traffic(
+    model,
+    tokenizer,
+    eos_ids,
+    drafters: dict,
+    recent: Corpus,
+    settings: DrafterTrainSettings,
+    adapter: str | None = None,
+) -> dict[str, HeldoutFigures]:
+    """name -> held-out figures of each drafter decoding the same recent served prompts (with
+    `adapter` applied, as it serves)."""
+    prompts = [t[:p] for t, p in zip(recent.sequences, recent.prompt_lens)]
+    prompts = prompts[-settings.traffic_eval_prompts :]
+    with lora_rows(model, [adapter]):
+        return {
+            name: heldout_figures(model, tokenizer, eos_ids, d, prompts, settings.tau_tokens)
+            for name, d in drafters.items()
+        }
 
 
 def heldout_tau(

@@ -108,6 +108,7 @@ class RetrainRecord(_Record):
     revision: int = Field(ge=1, description="the candidate drafter's revision")
     state: RetrainState
     trigger: RetrainTrigger = "admin"
+    progress: float = Field(0.0, ge=0.0, le=1.0)
     reason: str = ""
     samples: int = Field(0, ge=0, description="captured requests it read")
     heldout: int = Field(0, ge=0, description="of those, the most recent, held out")
