@@ -23,7 +23,7 @@ from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec, validate_adapter
 from specserve.adapters.variants import VariantKey
 from specserve.engine.proposers import REGISTRY
-from specserve.platform.api.admin_traffic import TrafficAdmin, traffic_router
+from specserve.platform.api.admin_traffic import TrafficAdmin, add_traffic_routes
 from specserve.platform.api.openai_api import RETRY_LATER, ApiError
 from specserve.platform.rayserve.retrain import RetrainAsk
 from specserve.platform.state.records import DrafterStatus, VariantSpec, VariantState
@@ -287,7 +287,7 @@ def admin_router(admin: Admin) -> APIRouter:
     def cancel(name: str, kind: str):
         return admin.cancel(name, kind)
 
-    router.include_router(traffic_router(admin.traffic))
+    add_traffic_routes(router, admin.traffic)
 
     @router.get("/policy")
     def get_policy():

@@ -105,9 +105,8 @@ class TrafficAdmin:
         return True
 
 
-def traffic_router(traffic: TrafficAdmin) -> APIRouter:
-    """The capture routes (mounted under the admin router: its token check applies)."""
-    router = APIRouter()
+def add_traffic_routes(router: APIRouter, traffic: TrafficAdmin) -> None:
+    """The capture routes, on the admin router (its prefix and token check apply)."""
 
     @router.get("/variants/{name}/capture")
     def show_capture(name: str):
@@ -120,5 +119,3 @@ def traffic_router(traffic: TrafficAdmin) -> APIRouter:
     @router.delete("/variants/{name}/traffic")
     def erase_traffic(name: str):
         return traffic.erase(name)
-
-    return router
