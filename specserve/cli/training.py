@@ -1,5 +1,7 @@
-"""`specserve train-drafter` (Medusa heads or an EAGLE layer for the served model or a variant)
-and `specserve finetune` (a LoRA adapter, a new variant, from a .txt/.jsonl file)."""
+"""`specserve train-drafter` (Medusa heads or an EAGLE layer for the served model or a variant;
+`--from-traffic VARIANT`: a running server retrains the variant's drafter from its captured
+traffic, through the admin API) and `specserve finetune` (a LoRA adapter, a new variant, from a
+.txt/.jsonl file)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_model_args(t)
     t.add_argument("--adapter", type=Path, default=None, help="LoRA adapter directory")
     t.add_argument("--kind", required=True, choices=KIND_NAMES)
-    t.add_argument("--out", type=Path, required=True)
+    t.add_argument(
+        "--out", type=Path, default=None, help="artifact directory (not with --from-traffic)"
+    )
     t.add_argument("--budget-minutes", type=float, default=20.0)
     t.add_argument(
         "--data",
@@ -26,6 +30,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         default=[],
         help="the variant's own .txt/.jsonl data, added to the shipped corpus (repeatable)",
     )
+    t.add_argument(
+        "--from-traffic",
+        metavar="VARIANT",
+        default=None,
+        help="retrain VARIANT's drafter on a running server from its captured traffic; the new "
+        "one replaces the current one only if it beats it on held-out recent traffic",
+    )
+    t.add_argument("--min-gain", type=float, default=0.0, help="with --from-traffic: tau to gain")
+    t.add_argument("--url", default=None, help="with --from-traffic: default $SPECSERVE_URL")
+    t.add_argument("--token", default=None, help="with --from-traffic: the admin token")
     t.set_defaults(func=cmd_train_drafter)
 
     ft = sub.add_parser("finetune", help="train a LoRA adapter (a variant) on a .txt/.jsonl file")
@@ -45,6 +59,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_train_drafter(args) -> int:
+    if args.from_traffic is not None:
+        return retrain_from_traffic(args)
+    if args.out is None:
+        raise ValueError("train-drafter: --out is required (or --from-traffic VARIANT)")
     from tqdm import tqdm
 
     from specserve.cli.target import load_command_target
@@ -73,6 +91,24 @@ def cmd_train_drafter(args) -> int:
     )
     print(drafter.manifest.model_dump_json(indent=1))
     return 0
+
+
+def retrain_from_traffic(args) -> int:
+    """Ask the server to retrain, follow it, print the drafter's status (the decision, its
+    figures and reason are its last `retrains` entry)."""
+    from specserve.cli.common import cache_dir
+    from specserve.platform.api.client import AdminClient
+
+    client = AdminClient.from_env(args.url, args.token, cache_dir(args))
+    name = args.from_traffic
+    body = {"kind": args.kind, "from_traffic": True, "min_gain": args.min_gain}
+    body |= {"budget_minutes": args.budget_minutes}
+    started = client.call("POST", f"/variants/{name}/drafters", body)["retrains"][-1]
+    status = client.follow_retrain(name, args.kind, started["started_at"], log=log)
+    last = status["retrains"][-1]
+    log(f"{args.kind} retrain of {name}: {last['state']}: {last['reason']}")
+    print(json.dumps(status, indent=1))
+    return 0 if last["state"] in ("replaced", "kept") else 1
 
 
 def cmd_finetune(args) -> int:

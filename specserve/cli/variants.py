@@ -1,4 +1,4 @@
-"""`specserve variants register | list | show | delete | train`: the admin API of a running
+"""`specserve variants register | list | show | delete | train | capture`: the admin API of a running
 server, through `AdminClient` (URL and token from flags, the environment or the cache)."""
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ def server_args() -> argparse.ArgumentParser:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    var = sub.add_parser("variants", help="admin client: register, list, show, delete, train")
+    var = sub.add_parser(
+        "variants", help="admin client: register, list, show, delete, train, capture"
+    )
     common = server_args()
     var_sub = var.add_subparsers(dest="action", required=True)
     reg = var_sub.add_parser("register", parents=[common])
@@ -46,6 +48,17 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--budget-minutes", type=float, default=None)
     tr.add_argument("--follow", action="store_true")
     tr.add_argument("--cancel", action="store_true")
+    tr.add_argument(
+        "--from-traffic",
+        action="store_true",
+        help="retrain from the variant's captured traffic (replaces the drafter only if better)",
+    )
+    cap = var_sub.add_parser("capture", parents=[common], help="show or set traffic capture")
+    cap.add_argument("name")
+    cap.add_argument("--on", dest="enabled", action="store_true", default=None)
+    cap.add_argument("--off", dest="enabled", action="store_false")
+    cap.add_argument("--max-samples", type=int, default=None)
+    cap.add_argument("--retention-s", type=float, default=None)
     var.set_defaults(func=cmd_variants)
 
 
@@ -66,10 +79,16 @@ def cmd_variants(args) -> int:
         out = client.call("GET", f"/variants/{args.name}")
     elif args.action == "delete":
         out = client.call("DELETE", f"/variants/{args.name}")
+    elif args.action == "capture":
+        fields = {"enabled": args.enabled, "max_samples": args.max_samples}
+        fields["retention_s"] = args.retention_s
+        body = {k: v for k, v in fields.items() if v is not None}
+        path = f"/variants/{args.name}/capture"
+        out = client.call("PUT", path, body) if body else client.call("GET", path)
     elif args.cancel:
         out = client.call("DELETE", f"/variants/{args.name}/drafters/{args.kind}")
     else:
-        body = {"kind": args.kind} | (
+        body = {"kind": args.kind, "from_traffic": args.from_traffic} | (
             {"budget_minutes": args.budget_minutes} if args.budget_minutes else {}
         )
         out = client.call("POST", f"/variants/{args.name}/drafters", body)

@@ -67,6 +67,8 @@ class DoneInfo(_Event):
     drafted_by_depth: list[int]  # steps drafting at least this position
     accepted_by_depth: list[int]  # steps accepting at least this position
     train_kind: str | None  # drafter training the policy asks for, if any
+    # the drafter the policy asks to retrain from the variant's traffic (its acceptance dropped)
+    retrain_kind: str | None = Field(None, exclude_if=lambda v: v is None)
     # accepted draft tokens per source (eagle / prompt / pool) where the strategy merges several
     accepted_by_source: dict[str, int] = Field({}, exclude_if=lambda v: not v)
     # the position-invariant forward served it: one output whatever the batch, strategy or pool

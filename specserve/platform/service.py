@@ -79,6 +79,7 @@ class Target(VariantView):
     adapter_sha256: str | None = None
     policy: PolicySettings | None = None
     broken: str | None = None  # why this version may not be served (the gateway refuses it)
+    capture: bool = False  # the gateway keeps a sample of this variant's traffic (admin's choice)
 
     @property
     def key(self) -> VariantKey | None:
@@ -462,6 +463,7 @@ class ModelService:
                 accepted_by_depth=result.accepted_by_depth,
                 accepted_by_source=result.accepted_by_source,
                 train_kind=decision.train_kind,
+                retrain_kind=decision.retrain_kind,
                 invariant=self.engine.invariance.invariant,
                 decode_cost=round(costed[1], 3) if costed else None,
                 decode_tokens=costed[0] if costed else 0,

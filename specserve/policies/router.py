@@ -3,14 +3,15 @@
 `decide(view, load, settings, now)` is pure: a forced strategy wins; saturation turns speculation
 off; a changing variant gets lookahead; a stable one gets its best drafter if its measured speed
 (acceptance priced by the cost curve; acceptance alone until measured) beats lookahead's, else
-lookahead (and asks for training); a busy replica shortens drafts.
+lookahead (and asks for training); a drafter whose measured tau fell below its held-out tau by
+`retrain_below` asks for a retrain from traffic; a busy replica shortens drafts.
 `requestable(view, strategies)`: which strategies a request may ask for itself on that variant.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydantic import BaseModel, ConfigDict
 
@@ -51,6 +52,7 @@ class Decision:
     reason: str
     max_draft_tokens: int | None = None  # None: the strategy's own (device-tuned) size
     train_kind: str | None = None  # drafter training the platform should queue, if any
+    retrain_kind: str | None = None  # drafter the platform should retrain from traffic, if any
 
 
 def usable_drafters(view: VariantView) -> list[DrafterView]:
@@ -78,7 +80,7 @@ def decide(view: VariantView, ongoing: int, settings: PolicySettings, now: float
     base = _by_lifecycle(view, settings, now)
     if ongoing >= settings.busy_ongoing and base.strategy != "ar":
         reason = f"{base.reason}; busy: {ongoing} ongoing >= {settings.busy_ongoing}, drafts cut to {settings.busy_max_draft_tokens} tokens"
-        return Decision(base.strategy, reason, settings.busy_max_draft_tokens, base.train_kind)
+        return replace(base, reason=reason, max_draft_tokens=settings.busy_max_draft_tokens)
     return base
 
 
@@ -94,21 +96,27 @@ def _by_lifecycle(view: VariantView, settings: PolicySettings, now: float) -> De
     ]
     by_speed = _by_speed(view, [d.kind for d in ready], settings)
     if by_speed is not None:
-        return by_speed
+        drops = [(k, r) for d in ready if (r := _dropped(view, k := d.kind, settings))]
+        if not drops:
+            return by_speed
+        kind, dropped = drops[0]
+        return replace(by_speed, reason=f"{by_speed.reason}; {dropped}", retrain_kind=kind)
     scored = [(_tau(view, d.kind, settings) or d.tau or 0.0, d.kind) for d in ready]
     if scored:
         tau, kind = max(scored)
+        dropped = _dropped(view, kind, settings)
+        retrain = {"retrain_kind": kind} if dropped else {}
         if tau >= settings.drafter_margin * lookahead_tau:
-            return Decision(
-                kind,
+            reason = (
                 f"stable; {kind} tau {tau:.2f} beats lookahead {lookahead_tau:.2f} "
-                "(speeds not measured yet)",
+                "(speeds not measured yet)"
             )
-        return Decision(
-            "lookahead",
+            return Decision(kind, "; ".join(filter(None, [reason, dropped])), **retrain)
+        reason = (
             f"stable; best drafter {kind} tau {tau:.2f} does not beat lookahead {lookahead_tau:.2f}"
-            " (speeds not measured yet)",
+            " (speeds not measured yet)"
         )
+        return Decision("lookahead", "; ".join(filter(None, [reason, dropped])), **retrain)
     pending = [d.kind for d in view.drafters if d.state in ("queued", "running")]
     if pending:
         return Decision("lookahead", f"stable; {pending[0]} drafter training in progress")
@@ -175,6 +183,25 @@ def _speed(view: VariantView, strategy: str, settings: PolicySettings) -> float 
     """Measured speed of a strategy against ar once it has served enough costed tokens."""
     speed, tokens = view.measured_speed.get(strategy, (0.0, 0))
     return speed if tokens >= settings.min_measured_tokens and speed > 0 else None
+
+
+def _dropped(view: VariantView, kind: str, settings: PolicySettings) -> str | None:
+    """Why `kind`'s drafter should be retrained from the variant's traffic (None: it should not):
+    its measured tau fell below `retrain_below` x the tau it had on held-out data.
+
+    Example: held-out tau 2.0, measured 1.4 over 300 tokens, retrain_below 0.8 -> "eagle measured
+    tau 1.40 < 0.80 x held-out 2.00; asking for a retrain from traffic".
+    """
+    if not settings.retrain_on_drop or view.name is None:
+        return None
+    held = [d.tau for d in view.drafters if d.kind == kind and d.state == "succeeded" and d.tau]
+    live = _tau(view, kind, settings)
+    if not held or live is None or live >= settings.retrain_below * held[0]:
+        return None
+    return (
+        f"{kind} measured tau {live:.2f} < {settings.retrain_below:.2f} x held-out "
+        f"{held[0]:.2f}; asking for a retrain from traffic"
+    )
 
 
 def _tau(view: VariantView, strategy: str, settings: PolicySettings) -> float | None:

@@ -41,6 +41,20 @@ class PolicySettings(BaseModel):
         default_factory=lambda: list(KIND_NAMES),
         description="drafter kinds the policy may pick (each a strategy that needs trained heads)",
     )
+    retrain_on_drop: bool = Field(
+        True,
+        description="ask for a retrain from traffic when a drafter's measured tau drops (the "
+        "platform retrains only variants that capture traffic)",
+    )
+    retrain_below: float = Field(
+        0.8, gt=0, le=1, description="measured tau below this x held-out tau counts as a drop"
+    )
+    retrain_cooldown_s: float = Field(
+        3600.0, ge=0, description="a policy retrain at most this often per variant and kind"
+    )
+    retrain_min_samples: int = Field(
+        20, ge=2, description="captured requests a policy retrain needs"
+    )
     hybrid: bool = Field(
         False,
         description="serve with the hybrid proposer: n-grams alone while a variant changes or "

@@ -3,7 +3,8 @@
 Sources, never benchmark prompts: the instruction corpus shipped in `corpus/instruct.jsonl.gz`
 (synthesized prompts answered once by SmolLM2-135M-Instruct, `scripts/make_corpus.py`), passages of
 Python's bundled docs as answers to questions about their topic, and the variant's own data files
-(the fine-tune shapes of `finetune.load_examples`).
+(the fine-tune shapes of `finetune.load_examples`). `traffic_corpus`: a variant's served requests
+(encoded as the model server encodes them), in the order served, as a corpus of its own.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specserve.engine.prompts import encode_prompt
+from specserve.engine.prompts import encode_messages, encode_prompt
 from specserve.training.finetune import IGNORE, load_examples
 from specserve.training.prompts import doc_passages
+from specserve.training.traffic import ServedExample
 
 INSTRUCT = Path(__file__).with_name("corpus") / "instruct.jsonl.gz"
 
@@ -105,3 +107,24 @@ def build_corpus(tokenizer, eos_id: int, settings: CorpusSettings) -> Corpus:
     if len(keep) < 4:
         raise ValueError(f"train-drafter: the corpus holds {len(keep)} usable examples (need 4)")
     return Corpus([seqs[i] for i in keep], [plens[i] for i in keep], " + ".join(sources))
+
+
+def traffic_corpus(
+    tokenizer, eos_id: int, served: list[ServedExample], max_tokens: int = 512
+) -> Corpus:
+    """Served requests oldest first (not shuffled: `split` holds out the most recent), each its
+    prompt as the model server encoded it and the answer it got (+ EOS when it stopped there).
+    Examples too short to train on are left out."""
+    seqs, plens = [], []
+    for ex in served:
+        if ex.messages is not None:
+            p = encode_messages(tokenizer, ex.messages)
+        else:
+            p = encode_prompt(tokenizer, ex.prompt or "", chat=False)
+        a = list(tokenizer(ex.output, add_special_tokens=False)["input_ids"])
+        a += [eos_id] if ex.finish_reason == "stop" else []
+        seq = (p + a)[:max_tokens]
+        if len(seq) - len(p) >= 2:
+            seqs.append(seq)
+            plens.append(len(p))
+    return Corpus(seqs, plens, f"{len(seqs)} served requests")

@@ -1,9 +1,10 @@
 """`train_drafter`: train and save a drafter of any kind (Medusa, EAGLE) for a loaded target
 (plain or peft base + adapter), within a time budget, resumable from `out_dir`.
 
-Steps: the fixed corpus (`corpus`) -> teacher data by prefill (`features`, cached per model +
-adapter + dtype + layers + corpus, shared by every kind and budget) -> draft vocabulary (the
-target's most frequent greedy tokens) -> the kind's trainer (`kinds.TRAINERS`) -> held-out
+Steps: the fixed corpus (`corpus`; with served traffic, `traffic_corpus` too: its most recent
+requests are the held-out set, its older ones train beside the corpus) -> teacher data by
+prefill (`features`, cached per model + adapter + dtype + layers + corpus, shared by every kind
+and budget) -> draft vocabulary (the target's most frequent greedy tokens) -> the kind's trainer (`kinds.TRAINERS`) -> held-out
 acceptance rates and τ -> artifact. Nothing is generated before training.
 """
 
@@ -29,10 +30,11 @@ from specserve.engine.drafters.vocab import head_rows
 from specserve.engine.lora_batch import lora_rows
 from specserve.engine.sampling import SamplingParams
 from specserve.training import examples, trainers
-from specserve.training.corpus import Corpus, CorpusSettings, build_corpus
+from specserve.training.corpus import Corpus, CorpusSettings, build_corpus, traffic_corpus
 from specserve.training.data import frequent_vocab, token_counts
 from specserve.training.features import cache_key, teacher_data
 from specserve.training.kinds import TRAINERS, Sequences, TrainingJob
+from specserve.training.traffic import HeldoutFigures, ServedExample
 
 
 class DrafterTrainSettings(BaseModel):
@@ -46,6 +48,15 @@ class DrafterTrainSettings(BaseModel):
     )
     prefill_tokens: int = Field(4096, ge=16, description="padded tokens per prefill batch")
     heldout: int = Field(48, ge=1, description="corpus sequences kept out of training")
+    traffic_heldout: float = Field(
+        0.25, gt=0, lt=1, description="share of served traffic, the most recent, held out"
+    )
+    traffic_weight: int = Field(
+        4, ge=1, description="each served request trains this many times per epoch"
+    )
+    traffic_eval_prompts: int = Field(
+        24, ge=1, description="held-out served prompts (the most recent) drafters are compared on"
+    )
     draft_vocab: int = Field(8192, ge=16)
     eagle_context: int = Field(
         64, ge=1, description="prompt tokens kept before each answer in EAGLE training rows"
@@ -70,14 +81,44 @@ def train_drafter(
     log: Callable[[str], object] = lambda msg: None,
     progress_bar: Callable | None = None,
     adapter: str | None = None,
+    served: list[ServedExample] | None = None,
+    traffic_dir: Path | None = None,
 ) -> Drafter:
     """Train (or resume) and save; returns the loaded drafter. `data_dir` keeps the teacher
     data (default: `out_dir`). `progress_bar(total, desc)` makes a tqdm-like bar (update(n),
     set_postfix_str(s), close()). `adapter`: the resident adapter every forward of the target
-    applies (None: the model as it is)."""
+    applies (None: the model as it is). `served`: the variant's traffic, oldest first (its
+    teacher data goes to `traffic_dir`, default `out_dir`/traffic, which the caller owns)."""
     run = _Run(model, tokenizer, model_id, eos_ids, settings, adapter_sha256, log)
+    out_dir = Path(out_dir)
+    parts = _Parts(Path(data_dir or out_dir), Path(traffic_dir or out_dir / "traffic"), served)
     with lora_rows(model, [adapter]):
-        return run.train(Path(out_dir), Path(data_dir or out_dir), progress_bar or _NoBar)
+        return run.train(out_dir, parts, progress_bar or _NoBar)
+
+
+class _Parts:
+    """Where a training's corpora and their teacher data come from: the fixed corpus (cached in
+    `data_dir`) and, when given, served traffic (in `traffic_dir`)."""
+
+    def __init__(self, data_dir: Path, traffic_dir: Path, served: list[ServedExample] | None):
+        self.data_dir, self.traffic_dir, self.served = data_dir, traffic_dir, served
+
+    def split(self, run: _Run, eos_id: int):
+        """([(corpus, its teacher dir, repeats)] to train on, (held-out corpus, its dir), the
+        corpora's description). Without traffic the corpus's last sequences are held out."""
+        s = run.settings
+        corpus = build_corpus(run.tokenizer, eos_id, s.corpus)
+        # the same split with or without traffic: one cached teacher set for the corpus
+        train_c, held_c = corpus.split(min(s.heldout, max(len(corpus.sequences) // 10, 1)))
+        if self.served is None:
+            return [(train_c, self.data_dir, 1)], (held_c, self.data_dir), corpus.source
+        older, recent = traffic_split(run.tokenizer, eos_id, self.served, s)
+        train = [(train_c, self.data_dir, 1), (older, self.traffic_dir, s.traffic_weight)]
+        source = (
+            f"{corpus.source} + {len(older.sequences) + len(recent.sequences)} served requests"
+            f" ({len(recent.sequences)} most recent held out)"
+        )
+        return train, (recent, self.traffic_dir), source
 
 
 class _Run:
@@ -94,6 +135,7 @@ class _Run:
 
     def sequences(self, corpus: Corpus, data_dir: Path, layers, deadline, bar) -> Sequences:
         """The corpus's teacher data, cached under data_dir; sequences not reached are dropped."""
+        data_dir.mkdir(parents=True, exist_ok=True)
         distinct = tuple(dict.fromkeys(layers))  # one cache for every kind that reads these layers
         key = cache_key(
             self.weights, self.adapter_sha256, self.model.dtype, distinct, corpus.digest
@@ -119,21 +161,20 @@ class _Run:
             [teacher.greedy[i] for i in kept],
         )
 
-    def train(self, out_dir: Path, data_dir: Path, bar) -> Drafter:
+    def train(self, out_dir: Path, parts: _Parts, bar) -> Drafter:
         s = self.settings
         out_dir.mkdir(parents=True, exist_ok=True)
-        data_dir.mkdir(parents=True, exist_ok=True)
-        corpus = build_corpus(self.tokenizer, min(self.eos_ids or {0}), s.corpus)
-        train_c, held_c = corpus.split(min(s.heldout, max(len(corpus.sequences) // 10, 1)))
+        train_parts, (held_c, held_dir), source = parts.split(self, min(self.eos_ids or {0}))
         spec0 = self.trainer.spec(s, s.draft_vocab)
         layers = self.trainer.teacher_layers(spec0)
-        self.log(
-            f"teacher data (layers {layers}) for {len(corpus.sequences)} sequences "
-            f"({corpus.source}) ..."
-        )
-        held = self.sequences(held_c, data_dir, layers, None, bar)
+        total = len(held_c.sequences) + sum(len(c.sequences) for c, _, _ in train_parts)
+        self.log(f"teacher data (layers {layers}) for {total} sequences ({source}) ...")
+        held = self.sequences(held_c, held_dir, layers, None, bar)
         deadline = self.started + s.features_share * self.budget_s
-        train = self.sequences(train_c, data_dir, layers, deadline, bar)
+        train = _joined(
+            [self.sequences(c, d, layers, deadline, bar) for c, d, _ in train_parts],
+            [repeats for _, _, repeats in train_parts],
+        )
         if len(train.tokens) < 2:
             raise ValueError("train-drafter: no time left for teacher data; raise the budget")
         vocab_size = self.model.config.vocab_size
@@ -184,7 +225,7 @@ class _Run:
             p.requires_grad_(False)
         acc = trained.accept_rates
         self.log("held-out acceptance (rank 0 per depth): " + ", ".join(f"{a[0]:.2f}" for a in acc))
-        manifest = self.manifest(spec, draft_vocab, acc, trained.state, corpus, train, held)
+        manifest = self.manifest(spec, draft_vocab, acc, trained.state, source, train, held)
         drafter = Drafter(manifest, spec, module, draft_vocab.to(self.model.device), self.model)
         prompts = [t[:p] for t, p in zip(held.tokens, held.prompt_lens)]
         tau, config = heldout_tau(self.model, self.tokenizer, self.eos_ids, drafter, prompts, s)
@@ -194,7 +235,7 @@ class _Run:
         self.log(f"saved {self.trainer.name} drafter to {out_dir} (held-out τ {tau})")
         return drafter
 
-    def manifest(self, spec, draft_vocab, acc, state, corpus, train, held) -> Manifest:
+    def manifest(self, spec, draft_vocab, acc, state, source: str, train, held) -> Manifest:
         return Manifest(
             kind=self.trainer.name,
             base_model_id=self.model_id,
@@ -205,7 +246,7 @@ class _Run:
             accept_rates=[[round(x, 4) for x in row] for row in acc],
             feature_dtype=str(self.model.dtype),  # teacher data from the target as loaded
             training={
-                "data": corpus.source,
+                "data": source,
                 "examples": len(train.tokens),
                 "heldout_examples": len(held.tokens),
                 "tokens": int(sum(map(len, train.tokens))),
@@ -225,6 +266,38 @@ class _Run:
         )
 
 
+def traffic_split(
+    tokenizer, eos_id: int, served: list[ServedExample], settings: DrafterTrainSettings
+) -> tuple[Corpus, Corpus]:
+    """(older, most recent) of the served requests: the most recent `traffic_heldout` share (at
+    least one) is held out, the older ones train."""
+    traffic = traffic_corpus(tokenizer, eos_id, served, settings.corpus.max_tokens)
+    held_n = max(round(len(traffic.sequences) * settings.traffic_heldout), 1)
+    if len(traffic.sequences) < held_n + 1:
+        raise ValueError(f"train-drafter: {len(traffic.sequences)} usable served requests (need 2)")
+    return traffic.split(held_n)
+
+
+def compare_on_traffic(
+    model,
+    tokenizer,
+    eos_ids,
+    drafters: dict,
+    recent: Corpus,
+    settings: DrafterTrainSettings,
+    adapter: str | None = None,
+) -> dict[str, HeldoutFigures]:
+    """name -> held-out figures of each drafter decoding the same recent served prompts (with
+    `adapter` applied, as it serves)."""
+    prompts = [t[:p] for t, p in zip(recent.sequences, recent.prompt_lens)]
+    prompts = prompts[-settings.traffic_eval_prompts :]
+    with lora_rows(model, [adapter]):
+        return {
+            name: heldout_figures(model, tokenizer, eos_ids, d, prompts, settings.tau_tokens)
+            for name, d in drafters.items()
+        }
+
+
 def heldout_tau(
     model, tokenizer, eos_ids, drafter: Drafter, prompts, settings
 ) -> tuple[float | None, dict]:
@@ -232,14 +305,40 @@ def heldout_tau(
     config = TRAINERS.get(drafter.kind).heldout_config
     if not settings.tau_prompts:
         return None, config
+    figures = heldout_figures(
+        model, tokenizer, eos_ids, drafter, prompts[: settings.tau_prompts], settings.tau_tokens
+    )
+    return round(figures.tau, 3), config
+
+
+def heldout_figures(
+    model, tokenizer, eos_ids, drafter: Drafter, prompts: list[list[int]], tokens: int
+) -> HeldoutFigures:
+    """`drafter` decoding each prompt greedily for up to `tokens` tokens with its kind's held-out
+    tree: tokens per target forward and drafted / accepted counts, summed over the prompts."""
+    config = TRAINERS.get(drafter.kind).heldout_config
     engine = Engine(model, tokenizer, eos_ids, drafters={drafter.kind: drafter})
-    tokens = forwards = 0
-    params = SamplingParams(max_new_tokens=settings.tau_tokens)
-    for ids in prompts[: settings.tau_prompts]:
+    params = SamplingParams(max_new_tokens=tokens)
+    sums = {"tokens": 0, "forwards": 0, "drafted": 0, "accepted": 0}
+    for ids in prompts:
         res = engine.generate(ids, params, drafter.kind, config)
-        tokens += len(res.output_ids)
-        forwards += res.forwards
-    return round(tokens / max(forwards, 1), 3), config
+        sums["tokens"] += len(res.output_ids)
+        sums["forwards"] += res.forwards
+        sums["drafted"] += sum(res.drafted_by_depth)
+        sums["accepted"] += sum(res.accepted_by_depth)
+    return HeldoutFigures(prompts=len(prompts), **sums)
+
+
+def _joined(parts: list[Sequences], repeats: list[int]) -> Sequences:
+    """The parts' sequences in one set, each part's `repeats` times (tensors shared, not copied)."""
+    fields = ([], [], [], [])
+    for part, n in zip(parts, repeats, strict=True):
+        for _ in range(n):
+            for out, got in zip(
+                fields, (part.tokens, part.prompt_lens, part.features, part.greedy)
+            ):
+                out.extend(got)
+    return Sequences(*fields)
 
 
 class _NoBar:

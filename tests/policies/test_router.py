@@ -174,3 +174,20 @@ def test_hybrid_while_changing_and_untrained():
     d = decide(view(STABLE), 0, HYBRID, NOW)
     assert d.strategy == "hybrid" and d.train_kind == "eagle" and "queueing" in d.reason
     assert decide(view(STABLE), HYBRID.saturated_ongoing, HYBRID, NOW).strategy == "ar"
+
+
+def test_a_drafter_whose_measured_tau_dropped_asks_for_a_retrain_from_traffic():
+    held_out = [drafter("eagle", "succeeded", 3.0)]
+    fine = decide(view(STABLE, held_out, {"eagle": (2.8, 1000)}), 0, S, NOW)
+    assert fine.strategy == "eagle" and fine.retrain_kind is None
+    dropped = decide(view(STABLE, held_out, {"eagle": (2.0, 1000)}), 0, S, NOW)
+    assert dropped.strategy == "eagle" and dropped.retrain_kind == "eagle"
+    assert "eagle measured tau 2.00 < 0.80 x held-out 3.00" in dropped.reason
+    below = decide(view(STABLE, held_out, {"eagle": (1.2, 1000)}), 0, S, NOW)
+    assert below.strategy == "lookahead" and below.retrain_kind == "eagle"
+    few = decide(view(STABLE, held_out, {"eagle": (1.2, 10)}), 0, S, NOW)  # too few tokens
+    assert few.retrain_kind is None
+    off = PolicySettings(retrain_on_drop=False)
+    assert decide(view(STABLE, held_out, {"eagle": (1.2, 1000)}), 0, off, NOW).retrain_kind is None
+    busy = decide(view(STABLE, held_out, {"eagle": (2.0, 1000)}), S.busy_ongoing, S, NOW)
+    assert busy.retrain_kind == "eagle" and busy.max_draft_tokens == S.busy_max_draft_tokens

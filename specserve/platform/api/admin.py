@@ -1,5 +1,6 @@
 """The admin API (/admin, bearer token): register/list/show/delete variants, force a strategy,
-read/change policy settings, start/follow/cancel drafter training. 401 without a token, 403 wrong;
+read/change policy settings, start/follow/cancel drafter training, traffic capture and retrains
+from traffic (admin_traffic.py). 401 without a token, 403 wrong;
 a variant may not take a served model's name; a version serves a frozen copy of the validated
 adapter (adapters/content.py), never its source; the list is paged (`limit`, `after`; `has_more`,
 `first_id`, `last_id`). A store outage answers 503 registry_unavailable (routes.py's handler).
@@ -22,7 +23,9 @@ from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec, validate_adapter
 from specserve.adapters.variants import VariantKey
 from specserve.engine.proposers import REGISTRY
+from specserve.platform.api.admin_traffic import TrafficAdmin, add_traffic_routes
 from specserve.platform.api.openai_api import RETRY_LATER, ApiError
+from specserve.platform.rayserve.retrain import RetrainAsk
 from specserve.platform.state.records import DrafterStatus, VariantSpec, VariantState
 from specserve.platform.state.registry import MAX_PAGE, Registry, UnknownVariant
 from specserve.policies.router import decide
@@ -46,6 +49,12 @@ class TrainBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: str = "eagle"
     budget_minutes: float | None = Field(None, gt=0)
+    from_traffic: bool = Field(
+        False,
+        description="retrain from the variant's captured traffic: a new revision that replaces "
+        "the current drafter only if its held-out tau on recent traffic beats it",
+    )
+    min_gain: float = Field(0.0, ge=0, description="with from_traffic: tau the new one must gain")
 
 
 DEFAULT_PAGE = 100
@@ -65,6 +74,7 @@ class Admin:
     ) -> None:
         self.registry, self.token, self.base_specs = registry, token, base_specs
         self.limits, self.default_policy, self.jobs = limits, default_policy, jobs
+        self.traffic = TrafficAdmin(self)
 
     def check(self, request: Request) -> None:
         auth = request.headers.get("authorization", "")
@@ -192,6 +202,10 @@ class Admin:
                 param="kind",
                 code="unknown_kind",
             )
+        if body.from_traffic:
+            ask = RetrainAsk(min_gain=body.min_gain)
+            status = self.traffic.retrain(name, body.kind, body.budget_minutes, ask)
+            return status.model_dump()
         status = self.registry.drafter(current.key, body.kind)
         if status is not None and status.state in ("queued", "running"):
             raise ApiError(
@@ -217,6 +231,10 @@ class Admin:
         self.registry.set_drafter(record.key, DrafterStatus(kind=kind, state="queued"))
         self.jobs.start(record, kind, None)
         return True
+
+    def auto_retrain(self, name: str, version: int, kind: str) -> bool:
+        """The policy asks to retrain `kind` from traffic (admin_traffic.TrafficAdmin)."""
+        return self.traffic.auto_retrain(name, version, kind)
 
     def cancel(self, name: str, kind: str) -> dict:
         current = self._variant(name).current
@@ -269,6 +287,8 @@ def admin_router(admin: Admin) -> APIRouter:
     def cancel(name: str, kind: str):
         return admin.cancel(name, kind)
 
+    add_traffic_routes(router, admin.traffic)
+
     @router.get("/policy")
     def get_policy():
         return admin.policy().model_dump()
@@ -290,6 +310,7 @@ def _describe(state: VariantState, policy: PolicySettings) -> dict:
         ],
         "current_version": state.version,
         "override": state.override,
+        "capture": state.capture.model_dump(),
         "strategy": decision.strategy,
         "reason": decision.reason,
         "drafters": {k: d.model_dump() for k, d in state.drafters.items()},

@@ -84,3 +84,17 @@ class AdminClient:
             if status.get("state") not in ("queued", "running"):
                 return status
             time.sleep(poll_s)
+
+    def follow_retrain(
+        self, name: str, kind: str, started_at: float, poll_s: float = 2.0, log=print
+    ) -> dict:
+        """Poll the retrain of `name`'s `kind` drafter begun at `started_at` until it ends;
+        returns the drafter's last status."""
+        while True:
+            status = self.call("GET", f"/variants/{name}/drafters").get(kind, {})
+            found = [r for r in status.get("retrains", []) if r["started_at"] == started_at]
+            state = found[0]["state"] if found else "gone"
+            log(f"{kind} retrain: {state} {100 * (found[0]['progress'] if found else 1):.0f}%")
+            if state not in ("queued", "running"):
+                return status
+            time.sleep(poll_s)

@@ -1,6 +1,6 @@
 """The OpenAI-compatible gateway: `Gateway` runs one request (limits, resolution, the model server's
-events shaped as JSON or SSE, metrics, measured acceptance, the policy's training requests) from
-the parts in api/ (resolve, catalog, shaping, acceptance); `create_app(gateway)` builds the
+events shaped as JSON or SSE, metrics, measured acceptance, traffic capture, the policy's training
+requests) from the parts in api/ (resolve, catalog, shaping, acceptance, traffic); `create_app(gateway)` builds the
 FastAPI app from the routes (routes.py) and the admin API under /admin. A model server's refusal
 reaches the client as a short OpenAI error; its full text is logged under the request id.
 """
@@ -39,12 +39,14 @@ from specserve.platform.api.routes import (
     request_id,
 )
 from specserve.platform.api.shaping import Reply, collect, sse, stream_failure
+from specserve.platform.api.traffic import TrafficRecorder
 from specserve.platform.backend import Backend, Overloaded
 from specserve.platform.events import Delta, Done
 from specserve.platform.service import GenerateRequest, ReplicaLost, Target
 from specserve.platform.settings import PlatformSettings
 from specserve.platform.state.registry import Registry
 from specserve.platform.state.store import StoreError
+from specserve.platform.state.traffic import TrafficSample
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +61,11 @@ class Gateway:
         backend: Backend,
         metrics: Metrics,
         on_train=None,
+        on_retrain=None,
     ) -> None:
-        """`on_train(name, version, kind)`: called (in a thread) when the policy asks for a drafter."""
-        self.on_train = on_train
+        """`on_train(name, version, kind)`: called (in a thread) when the policy asks for a
+        drafter; `on_retrain(name, version, kind)` when it asks to retrain one from traffic."""
+        self.on_train, self.on_retrain = on_train, on_retrain
         self.settings = settings
         self.registry = registry
         self.backend = backend
@@ -73,6 +77,7 @@ class Gateway:
         reads = RegistryReads(settings, registry, self.access, self.breaker)
         self.resolver, self.catalog = Resolver(reads), Catalog(reads)
         self.acceptance = AcceptanceRecorder(registry).start()
+        self.traffic = TrafficRecorder(registry).start()
         self.drain = Drain()  # begun by the platform's stop (rayserve/drain.py) or a test
         self._store_ok = (0.0, True, "")  # (checked_at, ok, error)
         self._serving: tuple[float, dict] = (-1e9, {})  # (checked_at, per model) of `serving`
@@ -87,6 +92,9 @@ class Gateway:
 
     def flush_acceptance(self) -> None:
         self.acceptance.flush()
+
+    def flush_traffic(self) -> None:
+        self.traffic.flush()
 
     def sampling(self, req: CompletionRequest | ChatCompletionRequest) -> SamplingParams:
         max_tokens = req.max_tokens or self.settings.default_max_tokens
@@ -134,7 +142,12 @@ class Gateway:
             if getattr(err, "code", None) == DIGEST_MISMATCH and gen.target.key is not None:
                 await asyncio.to_thread(self._mark_broken, gen.target)
             raise
-        reply = Reply(endpoint, base_model, req.model, time.perf_counter(), rid, req.n)
+        capture = gen.target.capture
+        reply = Reply(endpoint, base_model, req.model, time.perf_counter(), rid, req.n, capture)
+
+        def observe(reply: Reply, done: Done) -> None:
+            self._observe(reply, done, gen)
+
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -142,12 +155,12 @@ class Gateway:
                 self.inflight[base_model] -= 1
 
             on_error = self.metrics.observe_stream_error
-            body = sse(reply, first, events, include_usage, self._observe, release, on_error)
+            body = sse(reply, first, events, include_usage, observe, release, on_error)
             return StreamingResponse(
                 body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
             )
         try:
-            return await collect(reply, first, events, http, self._observe)
+            return await collect(reply, first, events, http, observe)
         finally:
             self.inflight[base_model] -= 1
 
@@ -182,8 +195,9 @@ class Gateway:
         except StoreError as err:
             log.warning("could not mark %s broken: %s", target.key, err)
 
-    def _observe(self, reply: Reply, done: Done) -> None:
-        """A request finished: its metrics, acceptance figures and any training it asks for."""
+    def _observe(self, reply: Reply, done: Done, gen: GenerateRequest) -> None:
+        """A request finished: its metrics, acceptance figures, its capture (when its variant
+        captures traffic) and any training it asks for."""
         latency = time.perf_counter() - reply.started
         self.metrics.observe_request(
             reply.endpoint, reply.base_model, done, latency, reply.ttft, reply.gaps
@@ -191,13 +205,34 @@ class Gateway:
         info = done.specserve
         if info.variant:
             self.acceptance.record(info, done.usage.completion_tokens)
-            if info.train_kind and self.on_train is not None:
-                args = (info.variant, info.version, info.train_kind)
-                threading.Thread(target=self._train, args=args, daemon=True).start()
+            if reply.text is not None:
+                self._capture(reply.text, done, gen)
+            asks = ((info.train_kind, self.on_train), (info.retrain_kind, self.on_retrain))
+            for kind, start in asks:
+                if kind and start is not None:
+                    args = (start, info.variant, info.version, kind)
+                    threading.Thread(target=self._train, args=args, daemon=True).start()
 
-    def _train(self, name: str, version: int, kind: str) -> None:
+    def _capture(self, text: str, done: Done, gen: GenerateRequest) -> None:
+        """Queue the request for its variant's traffic sample; a failure is logged, never raised."""
+        info = done.specserve
         try:
-            if self.on_train(name, version, kind):
+            sample = TrafficSample(
+                prompt=gen.prompt if gen.messages is None else None,
+                messages=gen.messages,
+                output=text,
+                finish_reason=done.finish_reason,
+                version=info.version,
+                strategy=info.strategy,
+                at=time.time(),
+            )
+            self.traffic.record(info.variant, sample)
+        except Exception as err:  # noqa: BLE001 - capture must never fail a request
+            log.warning("traffic capture of a %s request failed: %s", info.variant, err)
+
+    def _train(self, start, name: str, version: int, kind: str) -> None:
+        try:
+            if start(name, version, kind):
                 log.info("policy queued %s training for %s@%s", kind, name, version)
         except StoreError as err:
             log.warning("could not queue %s training for %s@%s: %s", kind, name, version, err)

@@ -143,4 +143,5 @@ def _target(state: VariantState, policy: PolicySettings | None) -> Target:
         adapter_sha256=record.adapter_sha256,
         policy=policy,
         broken=state.broken_reason,
+        capture=state.capture.enabled,
     )

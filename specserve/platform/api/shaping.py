@@ -1,6 +1,7 @@
 """Model-server events as OpenAI responses: one JSON body (`collect`) or server-sent events
 (`sse`), for chat and text completions, with the `specserve` object of the final event.
-`Reply` holds one response's id, its request id, creation time and token timing. A model server failing mid-reply
+`Reply` holds one response's id, its request id, creation time, token timing and (when the
+variant captures traffic) the text of choice 0. A model server failing mid-reply
 (`stream_failure`) ends it with an OpenAI error: a 503 body, or a final SSE error event.
 """
 
@@ -54,10 +55,13 @@ class Reply:
         started: float,
         request_id: str | None = None,
         n: int = 1,
+        keep_text: bool = False,
     ) -> None:
         """`request_id`: the HTTP request's (`x-request-id`); default: this reply's id. `n`: the
-        choices the model server streams (events tagged by `index`)."""
+        choices the model server streams (events tagged by `index`). `keep_text`: keep choice
+        0's text (`text`) for traffic capture."""
         self.n = n
+        self._kept: list[str] | None = [] if keep_text else None
         self.endpoint, self.base_model, self.model, self.started = (
             endpoint,
             base_model,
@@ -72,6 +76,17 @@ class Reply:
         self.gaps: list[float] = []
         self._last: float | None = None
         self.text_offsets: dict[int, int] = {}  # completions logprobs, per choice: text so far
+
+    def took(self, delta: Delta) -> None:
+        """A delta arrived: its timing, and its text when kept."""
+        self.tick()
+        if self._kept is not None and delta.index == 0:
+            self._kept.append(delta.text)
+
+    @property
+    def text(self) -> str | None:
+        """Choice 0's text so far (None: not kept)."""
+        return None if self._kept is None else "".join(self._kept)
 
     def tick(self) -> None:
         now = time.perf_counter()
@@ -175,7 +190,7 @@ async def collect(
             if len(dones) == reply.n:
                 break
         else:
-            reply.tick()
+            reply.took(event)
             parts[event.index].append(event.text)
             if event.logprobs is not None:
                 logprobs[event.index] = (logprobs[event.index] or []) + event.logprobs
@@ -239,7 +254,7 @@ async def sse(
                     if len(dones) == reply.n:
                         break
                 else:
-                    reply.tick()
+                    reply.took(event)
                     choice = reply.chunk_choice(event.text, None, event.logprobs, event.index)
                     yield _data(reply.envelope([choice]))
                 event = await anext(events)

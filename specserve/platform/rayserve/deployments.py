@@ -187,6 +187,7 @@ class GatewayDeployment:
         policy = PolicySettings.from_yaml(settings.resolved_policy_file())
         admin = Admin(registry, token, specs, limits, policy, RayJobs(args))
         gateway.on_train = admin.auto_train  # the policy's requests for drafters start jobs
+        gateway.on_retrain = admin.auto_retrain  # and its requests for retrains from traffic
         self.fastapi_app = create_app(
             gateway, admin_router(admin), faults_router(gateway, admin.check)
         )

@@ -1,7 +1,8 @@
 """Drafter training jobs for the admin API: one Ray task per variant@version and kind, reporting
 its state and progress to the registry (queued -> running -> succeeded | failed | cancelled).
 
-`run_drafter_job` is the task body (also callable in-process); `RayJobs` starts and cancels tasks.
+`run_drafter_job` is the task body (also callable in-process; with `retrain`, a retrain from the
+variant's traffic: rayserve/retrain.py); `RayJobs` starts and cancels tasks.
 """
 
 from __future__ import annotations
@@ -15,16 +16,23 @@ from pathlib import Path
 from specserve.adapters.variants import VariantKey
 from specserve.platform.rayserve.stores import platform_stores
 from specserve.platform.settings import PlatformSettings
-from specserve.platform.state.registry import DrafterStatus, Registry, VersionRecord
+from specserve.platform.state.registry import (
+    DrafterStatus,
+    Registry,
+    UnknownVariant,
+    VersionRecord,
+)
 
 log = logging.getLogger(__name__)
 
 
-def drafter_dir(settings: PlatformSettings, key: VariantKey, kind: str) -> Path:
-    """Where a variant@version's drafter of `kind` lives: <cache>/drafters/<name>@<version>/<kind>."""
+def drafter_dir(settings: PlatformSettings, key: VariantKey, kind: str, revision: int = 1) -> Path:
+    """Where a variant@version's drafter of `kind` lives: <cache>/drafters/<name>@<version>/<kind>
+    (a retrain's revision n > 1: .../<kind>.r<n>)."""
     from specserve.platform.serving import platform_cache_dir
 
-    return platform_cache_dir(settings) / "drafters" / str(key) / kind
+    name = kind if revision == 1 else f"{kind}.r{revision}"
+    return platform_cache_dir(settings) / "drafters" / str(key) / name
 
 
 class _ProgressBar:
@@ -54,9 +62,13 @@ class _ProgressBar:
         """tqdm's API; nothing to release."""
 
 
-def run_drafter_job(record: dict, kind: str, budget_minutes: float | None, args: dict) -> dict:
+def run_drafter_job(
+    record: dict, kind: str, budget_minutes: float | None, args: dict, retrain: dict | None = None
+) -> dict:
     """Train a `kind` drafter for the variant version `record` (its adapter on its base model,
-    loaded as a replica loads it)."""
+    loaded as a replica loads it); with `retrain` (a `RetrainAsk`), retrain it from the
+    variant's captured traffic."""
+    from specserve.platform.rayserve.retrain import RetrainAsk, retrain_from_traffic
     from specserve.platform.serving import TargetSettings, load_target
     from specserve.training.run import DrafterTrainSettings, train_drafter
 
@@ -64,6 +76,15 @@ def run_drafter_job(record: dict, kind: str, budget_minutes: float | None, args:
     settings = PlatformSettings.from_args(args)
     registry = Registry(platform_stores(settings)[0])
     key = version.key
+    if retrain is not None:
+        ask = RetrainAsk.model_validate(retrain)
+        try:
+            return retrain_from_traffic(
+                version, kind, budget_minutes, settings, registry, ask
+            ).model_dump()
+        except UnknownVariant:
+            log.info("retrain of %s %s: the variant was deleted meanwhile", key, kind)
+            return {}
     registry.set_drafter(key, DrafterStatus(kind=kind, state="running", progress=0.0))
     try:
         served = load_target(TargetSettings.for_platform(settings, version.base_model))
@@ -106,14 +127,18 @@ class RayJobs:
         self.args, self.num_cpus, self.num_gpus = dict(args), num_cpus, num_gpus
         self._refs: dict[tuple[str, str], object] = {}
 
-    def start(self, record: VersionRecord, kind: str, budget_minutes: float | None) -> None:
+    def start(
+        self, record: VersionRecord, kind: str, budget_minutes: float | None, retrain=None
+    ) -> None:
+        """`retrain`: a `RetrainAsk` (retrain from traffic) or None (train)."""
         import ray
 
         task = ray.remote(run_drafter_job).options(
             num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_retries=0
         )
+        ask = retrain.model_dump() if retrain is not None else None
         self._refs[(str(record.key), kind)] = task.remote(
-            record.model_dump(), kind, budget_minutes, self.args
+            record.model_dump(), kind, budget_minutes, self.args, ask
         )
 
     def cancel(self, key: VariantKey, kind: str) -> None:
@@ -132,10 +157,14 @@ class ThreadJobs:
         self.args = dict(args)
         self.threads: dict[tuple[str, str], threading.Thread] = {}
 
-    def start(self, record: VersionRecord, kind: str, budget_minutes: float | None) -> None:
+    def start(
+        self, record: VersionRecord, kind: str, budget_minutes: float | None, retrain=None
+    ) -> None:
+        """`retrain`: a `RetrainAsk` (retrain from traffic) or None (train)."""
+        ask = retrain.model_dump() if retrain is not None else None
         thread = threading.Thread(
             target=run_drafter_job,
-            args=(record.model_dump(), kind, budget_minutes, self.args),
+            args=(record.model_dump(), kind, budget_minutes, self.args, ask),
             daemon=True,
         )
         self.threads[(str(record.key), kind)] = thread

@@ -15,6 +15,10 @@ class _Pool(dict):
     """member -> score, in score order (scores only grow, a refreshed member moves to the end)."""
 
 
+class _Samples(dict):
+    """member -> score (ms), in score order."""
+
+
 class MemoryStore(Store):
     """The same interface in process memory, thread-safe. Nothing is shared across processes unless
     the store lives in one actor (see `CallStore`); nothing survives the process."""
@@ -159,3 +163,32 @@ class MemoryStore(Store):
             pool: _Pool = self._typed(key, _Pool) or _Pool()
             newer = [(m, s) for m, s in pool.items() if s > since][-limit:] if limit > 0 else []
             return [m for m, _ in newer], max((s for _, s in newer), default=since)
+
+    # the parameters' types are Store.sample_push's
+    def sample_push(self, key, member, cap, retention_s, guards=()) -> int | None:
+        with self._lock:
+            if any(self.hget(k, f) is None for k, f in guards):
+                return None
+            samples = self._typed(key, _Samples, create=True)
+            now = int(self._clock() * 1000)
+            score = max(now, max(samples.values(), default=0) + 1)
+            samples.pop(member, None)
+            samples[member] = score
+            self._prune(samples, now - retention_s * 1000)
+            while len(samples) > cap:
+                del samples[next(iter(samples))]
+            self._expiry[key] = time.monotonic() + retention_s
+            return score
+
+    def sample_pull(self, key: str, retention_s: float, limit: int) -> list[str]:
+        with self._lock:
+            samples = self._typed(key, _Samples)
+            if not samples or limit <= 0:
+                return []
+            self._prune(samples, self._clock() * 1000 - retention_s * 1000)
+            return list(samples)[-limit:]
+
+    @staticmethod
+    def _prune(samples: _Samples, oldest_ms: float) -> None:
+        for member in [m for m, score in samples.items() if score < oldest_ms]:
+            del samples[member]

@@ -1,5 +1,6 @@
-"""The registry's records (pydantic, frozen): what an admin registers, each version, drafter status,
-acceptance figures, and `VariantState`, the one read of a variant that gateway and admin share.
+"""The registry's records (pydantic, frozen): what an admin registers, each version, drafter status
+(with its retrains from traffic), acceptance figures, a variant's traffic capture settings, and
+`VariantState`, the one read of a variant that gateway and admin share.
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from specserve.adapters.variants import VariantKey
 from specserve.engine.drafters.specs import KindName as DrafterKind
 from specserve.policies.router import DrafterView, VariantView
+from specserve.training.traffic import HeldoutFigures
 
 DrafterState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+RetrainState = Literal["queued", "running", "replaced", "kept", "failed"]
+RetrainTrigger = Literal["admin", "policy"]
+MAX_RETRAINS = 10  # retrain records a drafter status keeps, newest last
 HintValue = str | int | float | bool
 
 _BASE_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
@@ -80,8 +85,42 @@ class VersionRecord(VariantSpec):
         return VariantKey(self.name, self.version)
 
 
+class CaptureSettings(_Record):
+    """Traffic capture of one variant (all its versions), set by the admin; off by default."""
+
+    enabled: bool = False
+    max_samples: int = Field(200, ge=1, le=10_000, description="the newest kept, older dropped")
+    retention_s: float = Field(
+        7 * 86400.0, gt=0, le=90 * 86400.0, description="a sample is dropped this old"
+    )
+    max_chars: int = Field(
+        8000, ge=1, le=100_000, description="prompt and answer each cut to this many characters"
+    )
+
+
+class RetrainRecord(_Record):
+    """One retrain of a drafter from the variant's traffic: the candidate revision, the held-out
+    figures of the current drafter and the candidate on the same recent requests, and the
+    decision with its reason (`replaced`: the candidate serves now; `kept`: it did not beat)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    revision: int = Field(ge=1, description="the candidate drafter's revision")
+    state: RetrainState
+    trigger: RetrainTrigger = "admin"
+    progress: float = Field(0.0, ge=0.0, le=1.0)
+    reason: str = ""
+    samples: int = Field(0, ge=0, description="captured requests it read")
+    heldout: int = Field(0, ge=0, description="of those, the most recent, held out")
+    current: HeldoutFigures | None = None
+    candidate: HeldoutFigures | None = None
+    started_at: float = 0.0
+    finished_at: float | None = None
+
+
 class DrafterStatus(_Record):
-    """Drafter training for one variant@version and kind, as the training job reports it.
+    """Drafter training for one variant@version and kind, as the training job reports it; the
+    serving fields (state, artifact_dir, tau, revision) change only when a drafter is installed.
     Unknown fields are ignored (records written by newer code stay readable)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -93,6 +132,19 @@ class DrafterStatus(_Record):
     tau: float | None = Field(None, ge=0.0, description="held-out tokens per target forward")
     error: str | None = None
     updated_at: float = 0.0
+    revision: int = Field(1, ge=1, description="which trained drafter serves (retrains count up)")
+    retrains: list[RetrainRecord] = Field(default_factory=list, max_length=MAX_RETRAINS)
+
+    @property
+    def retrain(self) -> RetrainRecord | None:
+        """The latest retrain from traffic, if any."""
+        return self.retrains[-1] if self.retrains else None
+
+    def with_retrain(self, record: RetrainRecord) -> DrafterStatus:
+        """This status with `record` as its latest retrain (replacing the record of the same
+        retrain, by its start time); the oldest records beyond MAX_RETRAINS are dropped."""
+        kept = [r for r in self.retrains if r.started_at != record.started_at]
+        return self.model_copy(update={"retrains": [*kept, record][-MAX_RETRAINS:]})
 
 
 class Acceptance(_Record):
@@ -147,6 +199,7 @@ class VariantState(VariantInfo):
     drafters: dict[str, DrafterStatus] = {}
     acceptance: dict[str, Acceptance] = {}
     broken: dict[int, str] = {}  # version -> why it may not be served (Registry.mark_broken)
+    capture: CaptureSettings = CaptureSettings()
 
     @property
     def broken_reason(self) -> str | None:

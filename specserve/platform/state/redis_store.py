@@ -70,6 +70,33 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return score
 """
 
+# KEYS: the sample set, then the guard maps; ARGV: cap, retention ms, member, the guard fields
+_SAMPLE_PUSH = """
+for i = 2, #KEYS do
+  if redis.call('HEXISTS', KEYS[i], ARGV[i + 2]) == 0 then return false end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local score = now
+local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if top[2] and tonumber(top[2]) >= score then score = tonumber(top[2]) + 1 end
+redis.call('ZADD', KEYS[1], score, ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - tonumber(ARGV[2])))
+local cap = tonumber(ARGV[1])
+local n = redis.call('ZCARD', KEYS[1])
+if n > cap then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - cap - 1) end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return score
+"""
+
+_SAMPLE_PULL = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - tonumber(ARGV[1])))
+local n = tonumber(ARGV[2])
+return redis.call('ZRANGE', KEYS[1], -n, -1)
+"""
+
 
 def mask_url(url: str) -> str:
     """`redis://:secret@host:6379/1` -> `redis://:***@host:6379/1`."""
@@ -117,6 +144,8 @@ class RedisStore(Store):
         self._remove = self._client.register_script(_REMOVE)
         self._hincr = self._client.register_script(_HINCR)
         self._pool_push = self._client.register_script(_POOL_PUSH)
+        self._sample_push = self._client.register_script(_SAMPLE_PUSH)
+        self._sample_pull = self._client.register_script(_SAMPLE_PULL)
 
     def describe(self) -> str:
         return mask_url(self.url)
@@ -229,3 +258,18 @@ class RedisStore(Store):
         )
         rows = list(reversed(rows))
         return [m for m, _ in rows], max((int(s) for _, s in rows), default=since)
+
+    def sample_push(self, key, member, cap, retention_s, guards=()) -> int | None:
+        keys = [key, *(k for k, _ in guards)]
+        args = [cap, _ms(retention_s), member, *(f for _, f in guards)]
+        score = self._do(self._sample_push, keys=keys, args=args)
+        return None if score is None else int(score)
+
+    def sample_pull(self, key: str, retention_s: float, limit: int) -> list[str]:
+        if limit <= 0:
+            return []
+        return list(self._do(self._sample_pull, keys=[key], args=[_ms(retention_s), limit]))
+
+
+def _ms(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))

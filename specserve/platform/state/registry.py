@@ -2,6 +2,7 @@
 re-registered continues its numbering), drafter status, acceptance figures, policy overrides and
 settings. Every read goes to the store, so replicas see changes without restarting; listing many
 variants costs a fixed number of round trips, not one per variant. Records: state/records.py.
+A variant's captured traffic (state/traffic.py) lives beside it and is deleted with it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from specserve.adapters.variants import VariantKey
 from specserve.platform.state.records import (
     Acceptance,
+    CaptureSettings,
     DrafterKind,
     DrafterStatus,
     VariantInfo,
@@ -29,7 +31,9 @@ from specserve.policies.settings import PolicySettings
 
 ACCEPTANCE_FIELDS = tuple(Acceptance.model_fields)  # tokens, forwards, ..., cost_milli
 _STRATEGY = re.compile(r"[a-z][a-z0-9_]{0,31}")
-_PER_VERSION = ("versions", "drafters", "acceptance", "broken")  # what `Registry.variant` reads
+# what `Registry.variant` reads
+_PER_VERSION = ("versions", "drafters", "acceptance", "broken", "capture")
+TRAFFIC = "traffic"  # the variant's captured traffic (state/traffic.py), deleted with it
 
 
 class UnknownVariant(KeyError):
@@ -58,6 +62,9 @@ class Registry:
       <ns>:variant:<name>:drafters       map "<version>:<kind>" -> DrafterStatus JSON
       <ns>:variant:<name>:acceptance     map "<version>:<strategy>:<figure>" -> integer
       <ns>:variant:<name>:broken         map version -> why it may not be served (digest mismatch)
+      <ns>:variant:<name>:capture        map "settings" -> CaptureSettings JSON; "enabled" -> 1
+                                         while capture is on (the guard of every capture write)
+      <ns>:variant:<name>:traffic        captured traffic, sorted by time (expires; traffic.py)
       <ns>:policy:overrides              map name -> forced strategy
       <ns>:policy:settings               policy settings JSON
       <ns>:generation                    counter bumped by every change (cache invalidation)
@@ -73,7 +80,11 @@ class Registry:
         return ":".join((self.ns, *parts))
 
     def _variant_key(self, name: str, what: str) -> str:
-        return self._key("variant", name, what)  # seq | versions | drafters | acceptance
+        return self._key("variant", name, what)  # seq | versions | drafters | acceptance | ...
+
+    def variant_key(self, name: str, what: str) -> str:
+        """The store key of one of a variant's parts (`what`: versions, capture, traffic, ...)."""
+        return self._variant_key(check_name(name), what)
 
     @property
     def _index(self) -> str:
@@ -195,13 +206,14 @@ class Registry:
         return VariantPage(variants=found, has_more=start + limit < len(names))
 
     def delete(self, name: str) -> bool:
-        """Remove `name` with its versions, drafter status, acceptance and override; whether it
-        existed. Its version counter stays: a later registration continues the numbering, so
-        drafters, pools and cached routes of old versions can never match the new variant."""
+        """Remove `name` with its versions, drafter status, acceptance, override, capture settings
+        and captured traffic, in one atomic step; whether it existed. Its version counter stays:
+        a later registration continues the numbering, so drafters, pools and cached routes of old
+        versions can never match the new variant (nor a capture still in flight land in it)."""
         check_name(name)
         existed = self.store.remove(
             [(self._index, name), (self._overrides, name)],
-            [self._variant_key(name, w) for w in _PER_VERSION],
+            [self._variant_key(name, w) for w in (*_PER_VERSION, TRAFFIC)],
             self._generation,
         )[0]
         return existed
@@ -236,6 +248,24 @@ class Registry:
     def drafters(self, key: VariantKey) -> dict[str, DrafterStatus]:
         """kind -> status of every drafter of `key`."""
         return _drafters(key, self.store.hgetall(self._variant_key(key.variant, "drafters")))
+
+    # -- traffic capture
+    def set_capture(self, name: str, settings: CaptureSettings) -> CaptureSettings:
+        """Turn `name`'s traffic capture on or off and set its bounds (every version)."""
+        self.get(name)
+        key = self._variant_key(name, "capture")
+        self.store.hset(key, {"settings": settings.model_dump_json()})
+        if settings.enabled:
+            self.store.hset(key, {"enabled": "1"})
+        else:
+            self.store.hdel(key, "enabled")
+        self._changed()
+        return settings
+
+    def capture(self, name: str) -> CaptureSettings:
+        """`name`'s capture settings (off unless an admin turned it on)."""
+        raw = self.store.hgetall(self._variant_key(check_name(name), "capture"))
+        return _capture(raw)
 
     # -- acceptance
     def record_acceptance(
@@ -316,6 +346,13 @@ def _drafters(key: VariantKey, raw: dict[str, str]) -> dict[str, DrafterStatus]:
     }
 
 
+def _capture(raw: dict[str, str]) -> CaptureSettings:
+    """Capture settings from the capture map: on only while its "enabled" guard is there."""
+    settings = CaptureSettings.model_validate_json(raw["settings"]) if "settings" in raw else None
+    settings = settings or CaptureSettings()
+    return settings.model_copy(update={"enabled": "enabled" in raw})
+
+
 def _acceptance(key: VariantKey, raw: dict[str, str]) -> dict[str, Acceptance]:
     figures: dict[str, dict[str, int]] = {}
     for f, value in raw.items():
@@ -333,6 +370,7 @@ def _state(
     drafters: dict[str, str],
     acceptance: dict[str, str],
     broken: dict[str, str],
+    capture: dict[str, str],
 ) -> VariantState | None:
     """A VariantState from the raw hashes of one variant (None: no such variant or version)."""
     records = _parse_versions(versions)
@@ -347,4 +385,5 @@ def _state(
         drafters=_drafters(key, drafters),
         acceptance=_acceptance(key, acceptance),
         broken={int(v): why for v, why in broken.items()},
+        capture=_capture(capture),
     )

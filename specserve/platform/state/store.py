@@ -23,7 +23,9 @@ class Store(ABC):
     Documents: get/set/delete. Maps: hget/hset/hgetall/hdel/hincr, and in one round trip each
     hkeys/hgetall_many (listing many variants must not cost a round trip per variant). Counters: incr.
     Compound atomic steps: `add_version`, `remove`. Pools (sorted by recency, bounded, expiring):
-    `pool_push`, `pool_pull`. Failures to reach the store raise `StoreUnavailable`.
+    `pool_push`, `pool_pull`. Samples (bounded, each kept for a retention, written only while
+    guard fields exist): `sample_push`, `sample_pull`. Failures to reach the store raise
+    `StoreUnavailable`.
     """
 
     kind: str = "store"
@@ -114,3 +116,23 @@ class Store(ABC):
     def pool_pull(self, key: str, since: int, limit: int) -> tuple[list[str], int]:
         """Members with score > since, oldest first (the newest `limit` if more), and the highest
         score seen (`since` when none): pass it back as `since` for the next pull."""
+
+    # -- retained samples (captured traffic)
+    @abstractmethod
+    def sample_push(
+        self,
+        key: str,
+        member: str,
+        cap: int,
+        retention_s: float,
+        guards: Sequence[tuple[str, str]] = (),
+    ) -> int | None:
+        """Atomically, only if every map field (key, field) of `guards` exists: add `member`
+        under a new score (the store's clock in ms, strictly above every score in the set), drop
+        members older than `retention_s`, keep the `cap` newest, expire the set `retention_s`
+        after this push. -> the score; None (nothing written) when a guard is missing."""
+
+    @abstractmethod
+    def sample_pull(self, key: str, retention_s: float, limit: int) -> list[str]:
+        """Drop members older than `retention_s` (store clock), then the newest `limit` of the
+        rest, oldest first."""

@@ -74,6 +74,7 @@ def _bodies(adapter: str) -> dict[tuple[str, str], dict]:
         ("PUT", "/admin/variants/{name}/strategy"): {"strategy": "prompt_lookup"},
         ("POST", "/admin/variants/{name}/drafters"): {"kind": "eagle"},
         ("PUT", "/admin/policy"): {"busy_ongoing": 2},
+        ("PUT", "/admin/variants/{name}/capture"): {"enabled": True},
     }
 
 

@@ -323,3 +323,33 @@ def test_records_written_by_newer_code_stay_readable(registry, store):
     store.hset(drafters, {"1:eagle": json.dumps({"kind": "eagle", "state": "queued", "new": 2})})
     assert registry.get("support-bot", 1).adapter_sha256 == SHA
     assert registry.drafter(key, "eagle").state == "queued"
+
+
+def test_capture_is_off_until_set_and_goes_with_the_variant(registry):
+    from specserve.platform.state.records import CaptureSettings
+    from specserve.platform.state.traffic import TrafficLog, TrafficSample
+
+    registry.register(spec("cap"))
+    assert (
+        registry.capture("cap") == CaptureSettings() and not registry.variant("cap").capture.enabled
+    )
+    on = CaptureSettings(enabled=True, max_samples=2, retention_s=60, max_chars=5)
+    registry.set_capture("cap", on)
+    assert registry.variant("cap").capture == on
+    log = TrafficLog(registry)
+    for text in ("first answer", "second", "third"):
+        sample = TrafficSample(prompt="a long prompt", output=text, version=1, strategy="ar", at=0)
+        assert log.add("cap", sample, on)
+    assert [(s.prompt, s.output) for s in log.samples("cap")] == [
+        ("a lon", "secon"),
+        ("a lon", "third"),
+    ]
+    late = TrafficSample(prompt="p", output="o", version=9, strategy="ar", at=0)
+    assert not log.add("cap", late, on)  # not a version of the variant
+    registry.set_capture("cap", on.model_copy(update={"enabled": False}))
+    assert not log.add("cap", late.model_copy(update={"version": 1}), on)  # capture off
+    registry.set_capture("cap", on)
+    assert registry.delete("cap")
+    assert not log.add("cap", late.model_copy(update={"version": 1}), on)  # deleted
+    registry.register(spec("cap"))  # version 2, a new variant: capture off, no samples
+    assert not registry.capture("cap").enabled and log.samples("cap", on) == []

@@ -141,3 +141,35 @@ def test_pool_ops_on_a_map_and_back_are_store_errors(store):
         store.pool_push("t:m", ["a"], cap=3, ttl_s=60)
     with pytest.raises(StoreError):
         store.hgetall("t:p")
+
+
+def test_samples_are_bounded_and_oldest_first(store):
+    scores = [store.sample_push("t:s", m, cap=3, retention_s=60) for m in "abcd"]
+    assert scores == sorted(scores) and len(set(scores)) == 4
+    assert store.sample_pull("t:s", 60, 10) == ["b", "c", "d"]  # "a", the oldest, dropped
+    assert store.sample_pull("t:s", 60, 2) == ["c", "d"]
+    assert store.sample_pull("t:missing", 60, 10) == []
+
+
+def test_samples_are_written_only_while_every_guard_field_exists(store):
+    guards = [("t:g1", "on"), ("t:g2", "1")]
+    store.hset("t:g1", {"on": "1"})
+    assert store.sample_push("t:s", "a", cap=5, retention_s=60, guards=guards) is None
+    store.hset("t:g2", {"1": "x"})
+    assert store.sample_push("t:s", "b", cap=5, retention_s=60, guards=guards) is not None
+    store.hdel("t:g1", "on")
+    assert store.sample_push("t:s", "c", cap=5, retention_s=60, guards=guards) is None
+    assert store.sample_pull("t:s", 60, 10) == ["b"]
+
+
+def test_samples_older_than_the_retention_are_never_read(store):
+    store.sample_push("t:s", "old", cap=5, retention_s=60)
+    time.sleep(0.3)
+    store.sample_push("t:s", "new", cap=5, retention_s=60)
+    assert store.sample_pull("t:s", 0.2, 10) == ["new"]  # pruned, not only hidden
+    assert store.sample_pull("t:s", 60, 10) == ["new"]
+    store.sample_push("t:e", "x", cap=5, retention_s=0.2)
+    deadline = time.monotonic() + 3
+    while store.sample_pull("t:e", 60, 10) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert store.sample_pull("t:e", 60, 10) == []  # the set expired after its last push
