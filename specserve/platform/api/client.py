@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 import httpx
 
 from specserve.platform.api.http_client import send
+from specserve.platform.settings import EnvVar
 
 
 class AdminClient:
@@ -19,7 +20,7 @@ class AdminClient:
 
     @classmethod
     def from_env(cls, url: str | None, token: str | None, cache_dir: Path) -> AdminClient:
-        token = token or os.environ.get("SPECSERVE_ADMIN_TOKEN")
+        token = token or os.environ.get(EnvVar.ADMIN_TOKEN)
         token_file = Path(cache_dir) / "admin-token"
         if not token and token_file.is_file():
             token = token_file.read_text().strip()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from specserve.platform.settings import EnvVar
 from specserve.tools.cluster import app, scenarios
 from specserve.tools.cluster.figures import Machine, Summary
 from specserve.tools.cluster.local import LocalCluster, wait_for
@@ -76,10 +77,10 @@ def _environment(
     from specserve.platform.rayserve import loopback
 
     return {
-        "REDIS_URL": redis_url.rsplit("/", 1)[0] + "/1",  # db 0: the GCS's tables, as on k8s
-        "SPECSERVE_ADMIN_TOKEN": token,
-        "SPECSERVE_CACHE": str(work / "cache"),
-        "SPECSERVE_ADAPTER_ROOT": str(work / "adapters"),
+        EnvVar.REDIS_URL: redis_url.rsplit("/", 1)[0] + "/1",  # db 0: the GCS's tables, as on k8s
+        EnvVar.ADMIN_TOKEN: token,
+        EnvVar.CACHE: str(work / "cache"),
+        EnvVar.ADAPTER_ROOT: str(work / "adapters"),
         # worker nodes' proxies on their own port: clients use the head's, as an ingress would
         "RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(worker_port),
         "AUTOSCALER_HEARTBEAT_TIMEOUT_S": str(settings.heartbeat_timeout_s),
