@@ -155,7 +155,7 @@ class PlatformSettings(BaseModel):
     def dtype_workload(self):
         """What `dtype: auto` prices for this platform's replicas and their jobs (one rule, so a
         drafter trains in the dtype it will serve in)."""
-        from specserve.engine.dtype_choice import Workload
+        from specserve.engine.dtype_choice import Workload  # lazy: torch (about 3 s)
 
         return Workload(rows=self.dtype_rows)
 
