@@ -26,7 +26,7 @@ class AdminClient:
             token = token_file.read_text().strip()
         if not token:
             raise ValueError(
-                "admin token: pass --token, set SPECSERVE_ADMIN_TOKEN, or run `specserve up` first"
+                f"admin token: pass --token, set {EnvVar.ADMIN_TOKEN}, or run `specserve up` first"
             )
         return cls(url or os.environ.get("SPECSERVE_URL", "http://127.0.0.1:8000"), token)
 
