@@ -9,16 +9,41 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from enum import StrEnum
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
-from pydantic_settings.sources.utils import parse_env_vars
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from specserve.engine.batch_settings import BatchSettings
 from specserve.paths import config_file, default_cache_dir
+
+
+class EnvVar(StrEnum):
+    """The variables specserve reads (`Environment`): each name is spelled here only."""
+
+    ADMIN_TOKEN = "SPECSERVE_ADMIN_TOKEN"
+    TENANT_KEYS_FILE = "SPECSERVE_TENANT_KEYS_FILE"
+    REDIS_URL = "REDIS_URL"
+    POOL_REDIS_URL = "SPECSERVE_POOL_REDIS_URL"
+    REDIS_EMBEDDED = "SPECSERVE_REDIS_EMBEDDED"
+    CACHE = "SPECSERVE_CACHE"
+    POLICY_FILE = "SPECSERVE_POLICY_FILE"
+    ADAPTER_ROOT = "SPECSERVE_ADAPTER_ROOT"
+    FAULT_INJECTION = "SPECSERVE_FAULT_INJECTION"
+
+
+# what a deployment sets for its replicas, passed on by `specserve up` as it finds them
+DEPLOYMENT_VARIABLES = (
+    EnvVar.POLICY_FILE,
+    EnvVar.ADAPTER_ROOT,
+    EnvVar.TENANT_KEYS_FILE,
+    EnvVar.POOL_REDIS_URL,
+    EnvVar.REDIS_URL,
+)
 
 ENV_ONLY = frozenset(
     {
@@ -33,37 +58,39 @@ ENV_ONLY = frozenset(
 )
 
 
-class _MappingSource(EnvSettingsSource):
-    """pydantic-settings' environment source over a given mapping instead of `os.environ` (as its
-    dotenv source does over a file), so `env={}` means no environment at all."""
+class MappingSource(PydanticBaseSettingsSource):
+    """A settings source over one mapping of variables (`os.environ` or a given one, so `env={}`
+    means no environment at all): each field's variable is its alias; an empty one is unset."""
 
     def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
-        self._mapping = env
         super().__init__(settings_cls)
+        self.env = env
 
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        return parse_env_vars(
-            self._mapping, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str
-        )
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        name = str(field.alias or field_name)
+        return self.env.get(name) or None, name, False
+
+    def __call__(self) -> dict[str, Any]:
+        found = (self.get_field_value(f, n) for n, f in self.settings_cls.model_fields.items())
+        return {name: value for value, name, _ in found if value is not None}
 
 
 class Environment(BaseSettings):
-    """The variables specserve reads; an empty one counts as unset. `read(env)` takes them from
-    `env` (default: the process environment), nothing else: no .env file, no secrets dir."""
+    """The variables specserve reads (`EnvVar`); an empty one counts as unset. `read(env)` takes
+    them from `env` (default: the process environment), nothing else: no .env file, no secrets
+    dir."""
 
-    model_config = SettingsConfigDict(
-        case_sensitive=True, env_ignore_empty=True, extra="ignore", frozen=True
-    )
+    model_config = SettingsConfigDict(frozen=True)
 
-    admin_token: SecretStr | None = Field(None, validation_alias="SPECSERVE_ADMIN_TOKEN")
-    tenant_keys_file: Path | None = Field(None, validation_alias="SPECSERVE_TENANT_KEYS_FILE")
-    redis_url: SecretStr | None = Field(None, validation_alias="REDIS_URL")
-    pool_redis_url: SecretStr | None = Field(None, validation_alias="SPECSERVE_POOL_REDIS_URL")
-    redis_embedded: bool = Field(False, validation_alias="SPECSERVE_REDIS_EMBEDDED")
-    cache_dir: Path | None = Field(None, validation_alias="SPECSERVE_CACHE")
-    policy_file: Path | None = Field(None, validation_alias="SPECSERVE_POLICY_FILE")
-    adapter_root: Path | None = Field(None, validation_alias="SPECSERVE_ADAPTER_ROOT")
-    fault_injection: bool = Field(False, validation_alias="SPECSERVE_FAULT_INJECTION")
+    admin_token: SecretStr | None = Field(None, alias=EnvVar.ADMIN_TOKEN)
+    tenant_keys_file: Path | None = Field(None, alias=EnvVar.TENANT_KEYS_FILE)
+    redis_url: SecretStr | None = Field(None, alias=EnvVar.REDIS_URL)
+    pool_redis_url: SecretStr | None = Field(None, alias=EnvVar.POOL_REDIS_URL)
+    redis_embedded: bool = Field(False, alias=EnvVar.REDIS_EMBEDDED)
+    cache_dir: Path | None = Field(None, alias=EnvVar.CACHE)
+    policy_file: Path | None = Field(None, alias=EnvVar.POLICY_FILE)
+    adapter_root: Path | None = Field(None, alias=EnvVar.ADAPTER_ROOT)
+    fault_injection: bool = Field(False, alias=EnvVar.FAULT_INJECTION)
 
     @classmethod
     def settings_customise_sources(
@@ -73,7 +100,7 @@ class Environment(BaseSettings):
 
     @classmethod
     def read(cls, env: Mapping[str, str] | None = None) -> Environment:
-        return cls(**_MappingSource(cls, os.environ if env is None else env)())
+        return cls(**MappingSource(cls, os.environ if env is None else env)())
 
     def platform_values(self) -> dict:
         """`PlatformSettings` fields from here: the env-only ones, and the paths that are set."""
@@ -128,7 +155,7 @@ class PlatformSettings(BaseModel):
     def dtype_workload(self):
         """What `dtype: auto` prices for this platform's replicas and their jobs (one rule, so a
         drafter trains in the dtype it will serve in)."""
-        from specserve.engine.dtype_choice import Workload
+        from specserve.engine.dtype_choice import Workload  # lazy: torch (about 3 s)
 
         return Workload(rows=self.dtype_rows)
 

@@ -21,6 +21,7 @@ from specserve.engine.lora import is_peft_model
 from specserve.engine.lora_batch import lora_rows
 from specserve.engine.prompts import encode_prompt
 from specserve.engine.sampling import SamplingParams
+from specserve.engine.ties import check_outputs
 
 BASELINES = ("hf_ar", "hf_pld", "hf_ar_fp32")  # hf_ar_fp32: generate() on a float32 copy
 
@@ -227,8 +228,6 @@ def check_contract(
 ) -> dict:
     """NAME -> the tie check (`engine.ties.check_outputs`) of its outputs against `ar`'s, for
     every method decoding with the served model (hf_ar_fp32 runs another one)."""
-    from specserve.engine.ties import check_outputs
-
     by_id = {p.question_id: p.ids for p in prompts}
     reference = totals["ar"].outputs
     return {
@@ -268,10 +267,10 @@ def format_table(report: dict) -> str:
 
 
 def plot_report(report: dict, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is optional (the `plot` extra): only --plot needs it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after use("Agg"), and optional as above
 
     names = list(report["results"])
     speed = [report["results"][n]["speedup_vs_hf_ar"] or 0 for n in names]

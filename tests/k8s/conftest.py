@@ -10,12 +10,12 @@ import os
 
 import pytest
 
-from specserve.deploy import k8s_validate
+from scripts.k8s_validate.render import OVERLAYS, find_kubectl, overlays, render
 
 
 @pytest.fixture(scope="session")
 def kubectl() -> str:
-    found = k8s_validate.find_kubectl()
+    found = find_kubectl()
     if found is None:
         if os.environ.get("CI"):
             pytest.fail("kubectl not found under CI: .ci/run should have installed it")
@@ -27,7 +27,4 @@ def kubectl() -> str:
 
 @pytest.fixture(scope="session")
 def rendered(kubectl) -> dict[str, list[dict]]:
-    return {
-        name: k8s_validate.render(k8s_validate.OVERLAYS / name, kubectl)
-        for name in k8s_validate.overlays()
-    }
+    return {name: render(OVERLAYS / name, kubectl) for name in overlays()}

@@ -11,7 +11,7 @@ from ray.autoscaler._private.kuberay.autoscaling_config import (
     _derive_autoscaling_config_from_ray_cr,
 )
 
-from specserve.deploy.k8s_validate import the
+from scripts.k8s_validate.render import the
 from specserve.tools.cluster.shape import HEAD_TYPE, ClusterShape, quantity
 
 

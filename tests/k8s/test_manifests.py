@@ -9,21 +9,20 @@ import os
 import pytest
 import yaml
 
-from specserve.deploy import k8s_render, k8s_validate
-from specserve.deploy.k8s_validate import ray_containers, the
-
-ROOT = k8s_validate.ROOT
+from scripts.k8s_validate import check, exposure, kuberay, schemas
+from scripts.k8s_validate.render import ROOT, overlays, ray_containers, render, the
+from specserve.deploy import k8s_render
 
 
 def test_overlays_are_dev_and_prod():
-    assert {"dev", "prod"} <= set(k8s_validate.overlays())
+    assert {"dev", "prod"} <= set(overlays())
 
 
 def test_every_object_validates(rendered):
     for name, objs in rendered.items():
         kinds = {o["kind"] for o in objs}
         assert {"RayService", "StatefulSet", "Deployment", "Service", "ConfigMap"} <= kinds, name
-        problems = [p for o in objs for p in k8s_validate.schema_problems(o)]
+        problems = [p for o in objs for p in schemas.schema_problems(o)]
         assert problems == [], name
 
 
@@ -50,7 +49,7 @@ def test_broken_rayservice_fails_validation(rendered, where, bad):
     for key in where.split("."):
         node = node[int(key)] if isinstance(node, list) else node[key]
     node.update(bad)
-    assert k8s_validate.schema_problems(obj)
+    assert schemas.schema_problems(obj)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +63,7 @@ def test_broken_rayservice_fails_validation(rendered, where, bad):
 def test_broken_core_object_fails_validation(rendered, kind, name, where, bad):
     obj = copy.deepcopy(the(rendered["dev"], kind, name))
     obj[where].update(bad)
-    assert k8s_validate.schema_problems(obj)
+    assert schemas.schema_problems(obj)
 
 
 def test_broken_overlay_renders_and_fails(kubectl, tmp_path):
@@ -78,8 +77,8 @@ def test_broken_overlay_renders_and_fails(kubectl, tmp_path):
         "    patch: |-\n"
         "      - {op: add, path: /spec/rayClusterConfig/workerGroupSpecs/0/minReplica, value: 0}\n"
     )
-    objs = k8s_validate.render(tmp_path, kubectl)
-    problems = k8s_validate.problems(objs)
+    objs = render(tmp_path, kubectl)
+    problems = check.problems(objs)
     assert any("minReplica" in p for p in problems), problems
 
 
@@ -158,7 +157,7 @@ def test_gateway_probes_and_service(rendered):
 
 def test_only_the_gateway_is_exposed(rendered):
     for name, objs in rendered.items():
-        assert k8s_validate.exposure_problems(objs) == [], name
+        assert exposure.exposure_problems(objs) == [], name
     ingress = the(rendered["prod"], "Ingress")
     paths = [p["path"] for r in ingress["spec"]["rules"] for p in r["http"]["paths"]]
     assert not any(p.startswith(("/admin", "/metrics")) or p == "/" for p in paths), paths
@@ -216,12 +215,12 @@ def _mutated(objs, kind, name, change):
     ],
 )
 def test_exposure_check_catches(rendered, kind, name, change):
-    assert k8s_validate.exposure_problems(_mutated(rendered["prod"], kind, name, change))
+    assert exposure.exposure_problems(_mutated(rendered["prod"], kind, name, change))
 
 
 def test_kuberay_operator_rules(rendered):
     for name, objs in rendered.items():
-        assert k8s_validate.kuberay_problems(objs) == [], name
+        assert kuberay.kuberay_problems(objs) == [], name
 
 
 def _head(o):
@@ -245,14 +244,12 @@ def _head(o):
     ],
 )
 def test_kuberay_rules_catch(rendered, change):
-    assert k8s_validate.kuberay_problems(
-        _mutated(rendered["dev"], "RayService", "specserve", change)
-    )
+    assert kuberay.kuberay_problems(_mutated(rendered["dev"], "RayService", "specserve", change))
 
 
 def test_redis_needs_passwords_from_secrets(rendered):
     for name, objs in rendered.items():
-        assert k8s_validate.secret_problems(objs) == [], name
+        assert exposure.secret_problems(objs) == [], name
 
 
 def _redis_container(o):
@@ -289,7 +286,7 @@ def _redis_container(o):
     ],
 )
 def test_secret_check_catches(rendered, kind, name, change):
-    assert k8s_validate.secret_problems(_mutated(rendered["dev"], kind, name, change))
+    assert exposure.secret_problems(_mutated(rendered["dev"], kind, name, change))
 
 
 def _redis_conf(objs, key):
@@ -377,9 +374,9 @@ def test_secrets_only_placeholders_in_dev_and_none_in_prod(rendered):
 
 
 def test_validate_command_passes_every_overlay(kubectl, capsys):
-    assert k8s_validate.main([]) == 0
+    assert check.main([]) == 0
     out = capsys.readouterr().out
-    assert all(f"{name}: ok" in out for name in k8s_validate.overlays())
+    assert all(f"{name}: ok" in out for name in overlays())
 
 
 def _worker(o, index=0):
@@ -399,9 +396,9 @@ def _shutdown_timeout(o, seconds):
 def test_workers_drain_before_ray_stops_within_their_grace_period(rendered):
     from specserve.platform.rayserve.drain import CUT_GRACE_S
 
-    assert k8s_validate.DRAIN_GRACE_S >= CUT_GRACE_S  # the check prices the real grace
+    assert kuberay.DRAIN_GRACE_S >= CUT_GRACE_S  # the check prices the real grace
     for name, objs in rendered.items():
-        assert k8s_validate.drain_problems(objs) == [], name
+        assert kuberay.drain_problems(objs) == [], name
         for group in _rayservice(objs)["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
             command = group["template"]["spec"]["containers"][0]["lifecycle"]["preStop"]
             assert "specserve drain --this-node" in " ".join(command["exec"]["command"])
@@ -423,7 +420,5 @@ def test_workers_drain_before_ray_stops_within_their_grace_period(rendered):
     ],
 )
 def test_drain_check_catches(rendered, change, message):
-    found = k8s_validate.drain_problems(
-        _mutated(rendered["prod"], "RayService", "specserve", change)
-    )
+    found = kuberay.drain_problems(_mutated(rendered["prod"], "RayService", "specserve", change))
     assert any(message in p for p in found), found

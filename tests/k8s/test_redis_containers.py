@@ -11,7 +11,7 @@ import time
 import pytest
 import redis
 
-from specserve.deploy.k8s_validate import the
+from scripts.k8s_validate.render import the
 
 PASSWORD = "0123456789abcdef0123456789abcdef"
 ROLES = {  # workload, ConfigMap key, settings redis-server must report

@@ -12,7 +12,8 @@ from pydantic import BaseModel
 from ray.serve.config import AutoscalingConfig
 from ray.serve.schema import ServeDeploySchema
 
-from specserve.deploy import k8s_render, k8s_validate
+from scripts.k8s_validate.render import overlays
+from specserve.deploy import k8s_render
 from specserve.platform.settings import PlatformSettings
 
 ROOT = k8s_render.ROOT
@@ -21,9 +22,7 @@ CONFIGS = {
         ROOT / "specserve" / "configs" / "serve.yaml"
     )
 }
-CONFIGS.update(
-    {f"overlay {o}": k8s_render.overlay_serve_config(ROOT, o) for o in k8s_validate.overlays()}
-)
+CONFIGS.update({f"overlay {o}": k8s_render.overlay_serve_config(ROOT, o) for o in overlays()})
 
 
 def _models_in(annotation) -> list[type[BaseModel]]:

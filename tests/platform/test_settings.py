@@ -3,7 +3,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specserve.platform.settings import Environment, PlatformSettings, TenantKeys
+from specserve.platform.settings import (
+    DEPLOYMENT_VARIABLES,
+    Environment,
+    EnvVar,
+    PlatformSettings,
+    TenantKeys,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -101,3 +107,11 @@ def test_the_store_is_redis_unless_the_memory_store_is_chosen():
         PlatformSettings.from_args({"redis_embedded": True}, {})
     env = {"REDIS_URL": "redis://r:6379/0", "SPECSERVE_REDIS_EMBEDDED": "1"}
     assert PlatformSettings.from_args({}, env).redis_embedded
+
+
+def test_each_variable_is_spelled_once_as_an_environment_field():
+    aliases = [field.alias for field in Environment.model_fields.values()]
+    assert sorted(aliases) == sorted(EnvVar) and len(set(aliases)) == len(aliases)
+    assert set(DEPLOYMENT_VARIABLES) <= set(EnvVar)
+    env = Environment.read({EnvVar.CACHE: "/c", "SPECSERVE_cache": "/other", "cache_dir": "/x"})
+    assert env.cache_dir == Path("/c")  # by the exact name only

@@ -1,14 +1,17 @@
-"""`specserve variants ...`: a small client of the admin API (stdlib HTTP, bearer token)."""
+"""`specserve variants ...`: a small client of the admin API (bearer token), over the shared
+HTTP client (`http_client.send`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlencode
+
+import httpx
+
+from specserve.platform.api.http_client import send
+from specserve.platform.settings import EnvVar
 
 
 class AdminClient:
@@ -17,32 +20,30 @@ class AdminClient:
 
     @classmethod
     def from_env(cls, url: str | None, token: str | None, cache_dir: Path) -> AdminClient:
-        token = token or os.environ.get("SPECSERVE_ADMIN_TOKEN")
+        token = token or os.environ.get(EnvVar.ADMIN_TOKEN)
         token_file = Path(cache_dir) / "admin-token"
         if not token and token_file.is_file():
             token = token_file.read_text().strip()
         if not token:
             raise ValueError(
-                "admin token: pass --token, set SPECSERVE_ADMIN_TOKEN, or run `specserve up` first"
+                f"admin token: pass --token, set {EnvVar.ADMIN_TOKEN}, or run `specserve up` first"
             )
         return cls(url or os.environ.get("SPECSERVE_URL", "http://127.0.0.1:8000"), token)
 
     def call(self, method: str, path: str, body: dict | None = None) -> dict:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"{self.url}/admin{path}", data=data, method=method)
-        req.add_header("Authorization", f"Bearer {self.token}")
-        req.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                return json.loads(resp.read() or b"{}")
-        except urllib.error.HTTPError as err:
+            response = send(method, f"{self.url}/admin{path}", body, self.token, timeout=60)
+        except httpx.HTTPStatusError as err:
             try:
-                message = json.loads(err.read())["error"]["message"]
+                message = err.response.json()["error"]["message"]
             except (ValueError, KeyError, TypeError):
-                message = str(err)
-            raise ValueError(f"{method} {path}: HTTP {err.code}: {message}") from None
-        except urllib.error.URLError as err:
-            raise ValueError(f"cannot reach {self.url}: {err.reason}") from None
+                message = f"HTTP Error {err.response.status_code}: {err.response.reason_phrase}"
+            raise ValueError(
+                f"{method} {path}: HTTP {err.response.status_code}: {message}"
+            ) from None
+        except httpx.TransportError as err:
+            raise ValueError(f"cannot reach {self.url}: {err}") from None
+        return response.json() if response.content else {}
 
     def register(self, name: str, base_model: str, adapter: str, hints: dict) -> dict:
         body = {

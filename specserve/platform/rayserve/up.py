@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from specserve.paths import config_file
+from specserve.platform.settings import DEPLOYMENT_VARIABLES, EnvVar, PlatformSettings
 
 
 def admin_token_file(cache_dir: Path) -> Path:
@@ -28,8 +29,8 @@ def embedded_redis_dir(cache_dir: Path) -> Path:
 
 def ensure_admin_token(cache_dir: Path, env: dict) -> str:
     """SPECSERVE_ADMIN_TOKEN, else the one in <cache>/admin-token, else a new random one saved there."""
-    if env.get("SPECSERVE_ADMIN_TOKEN"):
-        return env["SPECSERVE_ADMIN_TOKEN"]
+    if env.get(EnvVar.ADMIN_TOKEN):
+        return env[EnvVar.ADMIN_TOKEN]
     path = admin_token_file(cache_dir)
     if path.is_file() and path.read_text().strip():
         return path.read_text().strip()
@@ -62,7 +63,7 @@ def open_store(settings, cache_dir: Path, log=print):
             "store: memory (in-cluster, durable: no: variants and pools are lost when `up` "
             "stops; chosen with --store memory / store: memory)"
         )
-        return None, {"SPECSERVE_REDIS_EMBEDDED": "0"}
+        return None, {EnvVar.REDIS_EMBEDDED: "0"}
     stores = resolve_store(
         StoreSettings(
             redis_url=settings.redis_url,
@@ -77,9 +78,9 @@ def open_store(settings, cache_dir: Path, log=print):
             f"store: {stores.describe()} (durable: {durable}, AOF in {server.data_dir}; "
             f"server {server.binary})"
         )
-        return stores, {"REDIS_URL": stores.redis_url, "SPECSERVE_REDIS_EMBEDDED": "1"}
+        return stores, {EnvVar.REDIS_URL: stores.redis_url, EnvVar.REDIS_EMBEDDED: "1"}
     log(f"store: {stores.describe()} (durable: {durable})")
-    return stores, {"SPECSERVE_REDIS_EMBEDDED": "0"}
+    return stores, {EnvVar.REDIS_EMBEDDED: "0"}
 
 
 def up(
@@ -103,7 +104,6 @@ def up(
     from specserve.models.provision import pull_model
     from specserve.platform.rayserve import loopback
     from specserve.platform.rayserve.deployments import build_app
-    from specserve.platform.settings import PlatformSettings
     from specserve.platform.state.embedded import NoRedisServer
 
     args, deployments, _ = load_serve_config(config)
@@ -115,20 +115,14 @@ def up(
     except NoRedisServer as err:
         log(f"error: {err}")
         return 2
-    env = {"SPECSERVE_CACHE": str(cache_dir)} | store_env
-    env["SPECSERVE_ADMIN_TOKEN"] = ensure_admin_token(cache_dir, dict(os.environ))
+    env = {EnvVar.CACHE: str(cache_dir)} | store_env
+    env[EnvVar.ADMIN_TOKEN] = ensure_admin_token(cache_dir, dict(os.environ))
     for model in settings.models:
         if model not in settings.model_dirs:
             pull_model(model, cache_dir, progress=log)
     env |= loopback.confine_to(host)  # a loopback --host: every Ray listener on 127.0.0.1
     os.environ.update(env)
-    for name in (
-        "SPECSERVE_POLICY_FILE",
-        "SPECSERVE_ADAPTER_ROOT",
-        "SPECSERVE_TENANT_KEYS_FILE",
-        "SPECSERVE_POOL_REDIS_URL",
-        "REDIS_URL",
-    ):
+    for name in DEPLOYMENT_VARIABLES:
         if os.environ.get(name):
             env[name] = os.environ[name]
     ray.init(

@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.paths import config_file
+from specserve.platform.rayserve.up import load_serve_config
 
 MODEL = "tiny"
 SERVER = f"ModelServer-{MODEL}"
@@ -30,8 +31,6 @@ def serve_app_config(
 ) -> tuple[dict, list[dict]]:
     """(args, deployments) of the packaged serve.yaml for the tiny model: same options, the
     first model's ModelServer block renamed for it, its delays overridden by `scaling`."""
-    from specserve.platform.rayserve.up import load_serve_config
-
     args, deployments, _ = load_serve_config(config or config_file("serve.yaml"))
     first = f"ModelServer-{args['models'][0]}"
     args |= {
@@ -63,13 +62,13 @@ def server_scaling(deployments: list[dict]) -> dict:
 def make_tiny_model(path: Path) -> Path:
     """A tiny random Llama (2 layers, hidden 32) and a WordLevel tokenizer over w0..w60, saved
     as a Hugging Face directory; seeded, so every run makes the same weights."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    import tokenizers  # lazy: only the model builders need it; the config helpers skip it
+    import torch  # lazy: the config helpers (and their tests) load without torch (about 3 s)
+    import transformers  # lazy: the config helpers load without transformers (about 3 s)
 
     specials = ["<unk>", "<s>", "</s>"]
     vocab = {t: i for i, t in enumerate(specials + [f"w{i}" for i in range(WORDS)])}
-    config = LlamaConfig(
+    config = transformers.LlamaConfig(
         vocab_size=len(vocab),
         hidden_size=32,
         intermediate_size=64,
@@ -81,10 +80,10 @@ def make_tiny_model(path: Path) -> Path:
         eos_token_id=2,
     )
     torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(str(path))
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(
+    transformers.LlamaForCausalLM(config).save_pretrained(str(path))
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
     tokenizer.save_pretrained(str(path))
@@ -93,9 +92,9 @@ def make_tiny_model(path: Path) -> Path:
 
 def make_adapter(model_dir: Path, target: Path, seed: int) -> Path:
     """A random (non-zero) LoRA adapter for the tiny model at `target`, naming it as its base."""
-    import peft
-    import torch
-    from transformers import AutoModelForCausalLM
+    import peft  # lazy: the config helpers (and their tests) load without peft (about 1 s)
+    import torch  # lazy: the config helpers load without torch (about 3 s)
+    from transformers import AutoModelForCausalLM  # lazy: the config helpers skip it (about 3 s)
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir))
@@ -116,9 +115,9 @@ def prompt(seed: int, words: int = 12) -> str:
 def deploy(args: dict, deployments: list[dict], port: int) -> None:
     """serve.start on this machine's loopback (the head's proxy on `port`) and serve.run of the
     application `specserve up` runs, waiting until it is ready."""
-    from ray import serve
+    from ray import serve  # lazy: only deploying needs Serve (about 1 s); the helpers skip it
 
-    from specserve.platform.rayserve.deployments import build_app
+    from specserve.platform.rayserve.deployments import build_app  # lazy: torch (about 3 s)
 
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(args, deployments), name="specserve", route_prefix="/")

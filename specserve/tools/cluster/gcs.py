@@ -4,20 +4,20 @@ and Serve's replicas outlive it; the figures say what the outage cost and what s
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 
+import ray
+
+from specserve.platform.api.http_client import NETWORK_ERRORS, get_json
 from specserve.tools.cluster import observe
 from specserve.tools.cluster.figures import GcsFigures
 from specserve.tools.cluster.local import wait_for
 from specserve.tools.cluster.scenarios import Run
+from specserve.tools.cluster.traffic import ask
 from specserve.tools.faults.report import Counts
 
 
 def _answers() -> bool:
-    import ray
-
     try:
         return bool(ray.nodes())
     except Exception:  # noqa: BLE001 - any failure means: not back yet
@@ -53,17 +53,14 @@ def restart_gcs(run: Run, outage_s: float) -> GcsFigures:
 def _models(url: str) -> int | None:
     """How many models /v1/models lists (base and variants: the registry answers)."""
     try:
-        with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as resp:
-            return len(json.loads(resp.read())["data"])
-    except (OSError, ValueError, KeyError):
+        return len(get_json(f"{url}/v1/models", timeout=30)["data"])
+    except (KeyError, TypeError):
         return None
 
 
 def _completed_since(run: Run, since: float) -> bool:
-    from specserve.tools.cluster.traffic import ask
-
     try:
         ask(run.url, "tiny", "w1 w2 w3", 4)
-    except OSError:
+    except NETWORK_ERRORS:
         return False
     return time.monotonic() > since

@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import psutil
+import ray
 from pydantic import BaseModel
 
 from specserve.platform.state.redis_server import free_port
@@ -95,8 +96,6 @@ class LocalCluster:
 
     def nodes(self) -> list[NodeView]:
         """The live nodes, as the GCS lists them (needs `ray.init` to this cluster)."""
-        import ray
-
         return [
             NodeView(
                 node_id=n["NodeID"],

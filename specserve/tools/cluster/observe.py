@@ -8,7 +8,9 @@ import threading
 import time
 from collections.abc import Callable
 
+import ray
 from pydantic import BaseModel
+from ray import serve
 
 from specserve.tools.cluster.app import SERVER
 from specserve.tools.faults.outcome import RequestResult
@@ -18,8 +20,6 @@ APP = "specserve"
 
 def running_replicas() -> int:
     """ModelServer replicas Serve reports RUNNING (0 when it cannot say)."""
-    from ray import serve
-
     try:
         app = serve.status().applications[APP]
         states = app.deployments[SERVER].replica_states
@@ -28,13 +28,18 @@ def running_replicas() -> int:
     return int(sum(n for state, n in states.items() if str(state).endswith("RUNNING")))
 
 
+def _actors() -> list[dict]:
+    """The GCS's actor table, read directly. Private Ray API on purpose: the public
+    `ray.util.state.list_actors` asks the dashboard's state API, and the demo's head runs with
+    --include-dashboard=false (as the RayService head can)."""
+    return list(ray._private.state.actors().values())
+
+
 def replica_nodes() -> dict[str, str]:
     """Live ModelServer replicas (their id, as responses name them) -> node id, from the GCS's
     actor table (no dashboard needed)."""
-    import ray
-
     out = {}
-    for actor in ray._private.state.actors().values():  # the GCS's table, read directly
+    for actor in _actors():
         name = actor.get("Name") or ""
         if actor.get("State") == "ALIVE" and f"#{SERVER}#" in name:
             out[name.rsplit("#", 1)[1]] = actor["Address"]["NodeID"]
@@ -43,11 +48,9 @@ def replica_nodes() -> dict[str, str]:
 
 def gateway_nodes() -> set[str]:
     """Nodes that hold a live Gateway replica."""
-    import ray
-
     return {
         actor["Address"]["NodeID"]
-        for actor in ray._private.state.actors().values()
+        for actor in _actors()
         if actor.get("State") == "ALIVE" and "#Gateway#" in (actor.get("Name") or "")
     }
 

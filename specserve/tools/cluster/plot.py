@@ -9,10 +9,10 @@ from specserve.tools.cluster.figures import Summary
 
 
 def plot_timeline(summary: Summary, path: Path) -> Path:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is optional (the `plot` extra): only --plot needs it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after use("Agg"), and optional as above
 
     samples = [s for s in summary.timeline if s.replicas >= 0]
     t = [s.t for s in samples]

@@ -13,12 +13,18 @@ import sys
 import time
 from pathlib import Path
 
+import ray
 from pydantic import BaseModel, Field
 
-from specserve.tools.cluster import app, scenarios
+from specserve.platform.rayserve import loopback
+from specserve.platform.settings import EnvVar
+from specserve.platform.state.redis_server import EmbeddedRedis, free_port
+from specserve.tools.cluster import app, gcs, observe, scenarios
 from specserve.tools.cluster.figures import Machine, Summary
 from specserve.tools.cluster.local import LocalCluster, wait_for
+from specserve.tools.cluster.plot import plot_timeline
 from specserve.tools.cluster.shape import ClusterShape
+from specserve.tools.cluster.traffic import Recorder
 
 
 class DemoSettings(BaseModel):
@@ -38,8 +44,6 @@ class DemoSettings(BaseModel):
 
 
 def machine() -> Machine:
-    import ray
-
     cpu = platform.processor() or "unknown"
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
@@ -50,8 +54,6 @@ def machine() -> Machine:
 
 
 def run_demo(settings: DemoSettings, command: str = "", log=print) -> Summary:
-    from specserve.platform.state.redis_server import EmbeddedRedis, free_port
-
     work = settings.work_dir
     shape = ClusterShape.from_manifest().model_copy(
         update={"idle_timeout_s": settings.idle_timeout_s}
@@ -73,13 +75,11 @@ def run_demo(settings: DemoSettings, command: str = "", log=print) -> Summary:
 def _environment(
     settings: DemoSettings, redis_url: str, token: str, work: Path, worker_port: int
 ) -> dict[str, str]:
-    from specserve.platform.rayserve import loopback
-
     return {
-        "REDIS_URL": redis_url.rsplit("/", 1)[0] + "/1",  # db 0: the GCS's tables, as on k8s
-        "SPECSERVE_ADMIN_TOKEN": token,
-        "SPECSERVE_CACHE": str(work / "cache"),
-        "SPECSERVE_ADAPTER_ROOT": str(work / "adapters"),
+        EnvVar.REDIS_URL: redis_url.rsplit("/", 1)[0] + "/1",  # db 0: the GCS's tables, as on k8s
+        EnvVar.ADMIN_TOKEN: token,
+        EnvVar.CACHE: str(work / "cache"),
+        EnvVar.ADAPTER_ROOT: str(work / "adapters"),
         # worker nodes' proxies on their own port: clients use the head's, as an ingress would
         "RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(worker_port),
         "AUTOSCALER_HEARTBEAT_TIMEOUT_S": str(settings.heartbeat_timeout_s),
@@ -88,11 +88,7 @@ def _environment(
 
 
 def _run(settings, cluster, shape, env, model_dir, token, port, command, log) -> Summary:
-    from specserve.platform.rayserve import loopback
-
-    loopback.confine_to("127.0.0.1")
-    import ray
-
+    loopback.confine_to("127.0.0.1")  # ray is imported already: confine_to sees to that
     os.environ.update(env)
     runtime_env = {"env_vars": env, **loopback.runtime_env_for("127.0.0.1")}
     ray.init(address=cluster.address, runtime_env=runtime_env, log_to_driver=False)
@@ -120,9 +116,6 @@ def _run(settings, cluster, shape, env, model_dir, token, port, command, log) ->
 
 
 def _scenarios(settings, summary, cluster, url, token, model_dir, min_workers, log) -> None:
-    from specserve.tools.cluster import gcs, observe
-    from specserve.tools.cluster.traffic import Recorder
-
     recorder = Recorder()
     timeline = observe.Timeline(
         recorder.results, recorder.in_flight, lambda: sum(not n.head for n in cluster.nodes())
@@ -169,8 +162,6 @@ def _guard(summary: Summary, name: str, scenario):
 
 
 def _shutdown(cluster: LocalCluster, redis, log) -> None:
-    import ray
-
     ray.shutdown()
     stopped = cluster.stop()
     redis.stop()
@@ -197,8 +188,6 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(summary.model_dump_json(indent=1))
     if settings.plot:
-        from specserve.tools.cluster.plot import plot_timeline
-
         plot_timeline(summary, settings.plot)
     targets = summary.targets()
     print(

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specserve.platform.api.http_client import ChatRequest
 from specserve.tools.cluster import observe
 from specserve.tools.cluster.app import MODEL, make_adapter, prompt
 from specserve.tools.cluster.figures import KillFigures, PoolFigures, ScaleFigures
 from specserve.tools.cluster.local import LocalCluster, wait_for
 from specserve.tools.cluster.traffic import Answer, Load, Recorder, admin, ask
-from specserve.tools.faults.outcome import ChatSpec
 from specserve.tools.faults.report import Counts, error_codes
 
 
@@ -55,13 +55,14 @@ class Run:
     def workers(self) -> int:
         return sum(not n.head for n in self.cluster.nodes())
 
-    def spec(self, i: int) -> ChatSpec:
-        return ChatSpec(
+    def spec(self, i: int) -> ChatRequest:
+        return ChatRequest(
             url=self.url,
             model=MODEL,
             prompt=prompt(i % 16),
             max_tokens=self.bounds.max_tokens,
             deadline_s=self.bounds.request_deadline_s,
+            ignore_eos=True,
         )
 
     def since(self, t: float, check) -> float | None:

@@ -4,15 +4,14 @@ non-streaming completion whose `specserve` object says which replica served it a
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.error
-import urllib.request
 
+import httpx
 from pydantic import BaseModel
 
-from specserve.tools.faults.outcome import ChatSpec, RequestResult, send_chat
+from specserve.platform.api.http_client import ChatRequest, send
+from specserve.tools.faults.outcome import RequestResult, send_chat
 
 
 class Recorder:
@@ -24,7 +23,7 @@ class Recorder:
         self._started: dict[int, float] = {}  # requests in flight: id -> time.monotonic() sent
         self._next = 0
 
-    def send(self, spec: ChatSpec) -> RequestResult:
+    def send(self, spec: ChatRequest) -> RequestResult:
         with self._lock:
             key, self._next = self._next, self._next + 1
             self._started[key] = time.monotonic()
@@ -100,7 +99,8 @@ class Answer(BaseModel):
 
 
 def ask(url: str, model: str, prompt: str, max_tokens: int, strategy: str = "lookahead") -> Answer:
-    """One greedy completion of `prompt`, `strategy` asked for; raises on a non-200 answer."""
+    """One greedy completion of `prompt`, `strategy` asked for; raises httpx.HTTPError on a
+    4xx/5xx answer or none."""
     body = {
         "model": model,
         "prompt": prompt,
@@ -109,12 +109,7 @@ def ask(url: str, model: str, prompt: str, max_tokens: int, strategy: str = "loo
         "ignore_eos": True,
         "speculation": strategy,
     }
-    request = urllib.request.Request(
-        f"{url}/v1/completions", data=json.dumps(body).encode(), method="POST"
-    )
-    request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=120) as resp:
-        answer = json.loads(resp.read())
+    answer = send("POST", f"{url}/v1/completions", body, timeout=120).json()
     info = answer["specserve"]
     return Answer(
         replica=info["replica"],
@@ -132,16 +127,11 @@ def admin(url: str, token: str, path: str, body: dict, tries: int = 5) -> dict:
     """POST an admin call; the JSON answer. A 503 (registry briefly unreachable: "retry
     shortly") is tried again after a second, up to `tries` times; other refusals raise."""
     for attempt in range(1, tries + 1):
-        request = urllib.request.Request(
-            f"{url}{path}", data=json.dumps(body).encode(), method="POST"
-        )
-        request.add_header("Content-Type", "application/json")
-        request.add_header("Authorization", f"Bearer {token}")
         try:
-            with urllib.request.urlopen(request, timeout=60) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as err:
-            if err.code != 503 or attempt == tries:
-                raise RuntimeError(f"{path}: HTTP {err.code}: {err.read()[:300]!r}") from None
+            return send("POST", f"{url}{path}", body, token, timeout=60).json()
+        except httpx.HTTPStatusError as err:
+            code = err.response.status_code
+            if code != 503 or attempt == tries:
+                raise RuntimeError(f"{path}: HTTP {code}: {err.response.content[:300]!r}") from None
         time.sleep(1.0)
     raise AssertionError("unreachable")

@@ -13,6 +13,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.platform.rayserve.up import embedded_redis_dir
+from specserve.platform.settings import EnvVar
 from specserve.tools.faults.context import Context, build_report, first_error, no_broken
 from specserve.tools.faults.outcome import RequestResult
 from specserve.tools.faults.procs import (
@@ -90,7 +91,7 @@ def pool_url(ctx: Context) -> str:
     """The n-gram pool store a ModelServer replica was given (SPECSERVE_POOL_REDIS_URL, else
     REDIS_URL, from its environment)."""
     urls = store_urls(only(replicas(ctx.scope), "ModelServer replica"))
-    url = urls.get("SPECSERVE_POOL_REDIS_URL") or urls.get("REDIS_URL")
+    url = urls.get(EnvVar.POOL_REDIS_URL) or urls.get(EnvVar.REDIS_URL)
     if not url:
         raise LookupError("the replica has no REDIS_URL: not a redis store")
     return url

@@ -5,43 +5,17 @@ event by the deadline is hung; a connection never made is unreachable; anything 
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import json
 import time
-import urllib.parse
-from collections.abc import Iterator
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import httpx
+from pydantic import BaseModel
+
+from specserve.platform.api.http_client import ChatRequest, ChatStream, SseEvent, open_chat
 
 Outcome = Literal["completed", "failed_with_error", "lost", "hung", "unreachable", "malformed"]
 OUTCOMES: tuple[str, ...] = Outcome.__args__
-
-
-class ChatSpec(BaseModel):
-    """One streaming chat completion: greedy, `ignore_eos` so it streams `max_tokens` tokens;
-    `deadline_s` bounds the whole request (past it, no terminal event yet: hung)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    url: str
-    model: str
-    prompt: str
-    max_tokens: int = Field(gt=0)
-    deadline_s: float = Field(120.0, gt=0)
-    ignore_eos: bool = True
-
-    def body(self) -> dict:
-        return {
-            "model": self.model,
-            "messages": [{"role": "user", "content": self.prompt}],
-            "max_tokens": self.max_tokens,
-            "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "ignore_eos": self.ignore_eos,
-        }
 
 
 class RequestResult(BaseModel):
@@ -70,18 +44,10 @@ class StreamState(BaseModel):
     version: int | None = None
 
 
-def read_event(line: bytes, state: StreamState) -> bool:
-    """Take one SSE line into `state`; True at `data: [DONE]`. ValueError on a `data:` line
-    that is not JSON."""
-    text = line.decode(errors="replace").strip()
-    if not text.startswith("data:"):
-        return False
-    payload = text[5:].strip()
-    if payload == "[DONE]":
+def take_event(event: SseEvent, state: StreamState) -> bool:
+    """Take one SSE event into `state`; True at `[DONE]`."""
+    if event == "DONE":
         return True
-    event = json.loads(payload)
-    if not isinstance(event, dict):
-        raise ValueError(f"not an event object: {payload[:80]}")  # noqa: TRY004 - bad data
     if "error" in event:
         state.errored = True
         state.error_code = (event.get("error") or {}).get("code")
@@ -116,52 +82,32 @@ def error_outcome(status: int, body: bytes) -> tuple[Outcome, str | None, str]:
         return "malformed", None, f"HTTP {status}, not an OpenAI error body: {body[:120]!r}"
 
 
-@contextlib.contextmanager
-def _connection(url: str, timeout: float) -> Iterator[http.client.HTTPConnection]:
-    parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
-    try:
-        yield conn
-    finally:
-        conn.close()
-
-
-def send_chat(spec: ChatSpec, state: StreamState | None = None) -> RequestResult:
-    """Send `spec` and classify the outcome (never raises for a network or protocol failure).
-    `state` (optional) is filled in as the stream is read, for callers watching it live."""
+def send_chat(request: ChatRequest, state: StreamState | None = None) -> RequestResult:
+    """Send `request` and classify the outcome (never raises for a network or protocol failure);
+    its `deadline_s` bounds the whole request. `state` (optional) is filled in as the stream is
+    read, for callers watching it live."""
     state = state if state is not None else StreamState()
-    started = time.monotonic()
-    deadline = started + spec.deadline_s
-    fields: dict = {"started": started}
+    fields: dict = {"started": time.monotonic()}
     try:
-        with _connection(spec.url, spec.deadline_s) as conn:
-            try:
-                conn.connect()
-            except OSError as err:
-                detail = f"{type(err).__name__}: {err}"
-                return RequestResult(
-                    outcome="unreachable", ended=time.monotonic(), detail=detail, **fields
-                )
-            sock = conn.sock  # getresponse() drops conn.sock when the server will close
-            headers = {"Content-Type": "application/json"}
-            conn.request("POST", "/v1/chat/completions", json.dumps(spec.body()), headers)
-            resp = conn.getresponse()
-            fields["status"] = resp.status
-            if resp.status != 200:
-                outcome, code, detail = error_outcome(resp.status, resp.read())
+        with open_chat(request) as stream:
+            fields["status"] = stream.status
+            if stream.status != 200:
+                outcome, code, detail = error_outcome(stream.status, stream.read())
                 return RequestResult(
                     outcome=outcome,
                     ended=time.monotonic(),
                     error_code=code,
-                    retry_after=resp.getheader("Retry-After"),
+                    retry_after=stream.headers.get("Retry-After"),
                     detail=detail,
                     **fields,
                 )
-            done = _read_stream(sock, resp, state, deadline)
-            outcome, detail = stream_outcome(state, done)
-    except TimeoutError:
-        outcome, detail = "hung", f"no terminal event within {spec.deadline_s} s"
-    except (OSError, http.client.HTTPException) as err:
+            outcome, detail = stream_outcome(state, _read_stream(stream, state))
+    except (httpx.ConnectError, httpx.ConnectTimeout) as err:
+        detail = f"{type(err).__name__}: {err}"
+        return RequestResult(outcome="unreachable", ended=time.monotonic(), detail=detail, **fields)
+    except httpx.TimeoutException:
+        outcome, detail = "hung", f"no terminal event within {request.deadline_s} s"
+    except (httpx.HTTPError, OSError) as err:
         outcome, detail = "lost", f"{type(err).__name__}: {err}"
     except ValueError as err:
         outcome, detail = "malformed", f"bad event: {err}"[:200]
@@ -177,16 +123,7 @@ def send_chat(spec: ChatSpec, state: StreamState | None = None) -> RequestResult
     )
 
 
-def _read_stream(sock, resp, state: StreamState, deadline: float) -> bool:
-    """Read SSE lines until [DONE] (True) or the end of the body (False); TimeoutError once
-    `deadline` passes with neither."""
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        sock.settimeout(left)
-        line = resp.readline()  # de-chunked; IncompleteRead when the body is cut mid-chunk
-        if not line:
-            return False
-        if read_event(line, state):
-            return True
+def _read_stream(stream: ChatStream, state: StreamState) -> bool:
+    """Read events until [DONE] (True) or the end of the body (False); httpx.ReadTimeout once
+    the deadline passes with neither."""
+    return any(take_event(event, state) for event in stream.events())

@@ -12,9 +12,11 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel
 
+from specserve.platform.settings import EnvVar
+
 REPLICA_TITLE = "ServeReplica:specserve:ModelServer"
 CONTROLLER_TITLE = "ray::ServeController"
-STORE_VARIABLES = ("REDIS_URL", "SPECSERVE_POOL_REDIS_URL")
+STORE_VARIABLES = (EnvVar.REDIS_URL, EnvVar.POOL_REDIS_URL)
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
 
 
@@ -53,7 +55,7 @@ def _in_cache(proc: psutil.Process, cache_dir: Path | None) -> bool:
     if cache_dir is None:
         return True
     try:
-        where = proc.environ().get("SPECSERVE_CACHE")
+        where = proc.environ().get(EnvVar.CACHE)
     except _GONE:
         return False
     return where is None or Path(where).resolve() == Path(cache_dir).resolve()

@@ -17,18 +17,12 @@ import psutil
 import yaml
 from pydantic import BaseModel, Field
 
+from specserve.platform.settings import DEPLOYMENT_VARIABLES, EnvVar
 from specserve.platform.state.redis_server import free_port
 from specserve.tools.faults.traffic import Traffic, first_success
 
 # this process's settings the suite's `up` must not inherit: it makes its own store and cache
-NOT_INHERITED = (
-    "RAY_ADDRESS",
-    "REDIS_URL",
-    "SPECSERVE_POOL_REDIS_URL",
-    "SPECSERVE_ADAPTER_ROOT",
-    "SPECSERVE_POLICY_FILE",
-    "SPECSERVE_TENANT_KEYS_FILE",
-)
+NOT_INHERITED = ("RAY_ADDRESS", *DEPLOYMENT_VARIABLES)
 
 
 class UpSettings(BaseModel):
@@ -81,9 +75,9 @@ class UpProcess:
         embedded store and cache), with fault injection on and the suite's admin token."""
         env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
         return env | {
-            "SPECSERVE_FAULT_INJECTION": "1",
-            "SPECSERVE_ADMIN_TOKEN": self.settings.token,
-            "SPECSERVE_CACHE": str(self.settings.cache_dir),
+            EnvVar.FAULT_INJECTION: "1",
+            EnvVar.ADMIN_TOKEN: self.settings.token,
+            EnvVar.CACHE: str(self.settings.cache_dir),
         }
 
     def command(self) -> list[str]:

@@ -8,6 +8,7 @@ import shutil
 import time
 from pathlib import Path
 
+import redis
 import yaml
 
 from specserve.tools.faults.context import Context
@@ -82,8 +83,6 @@ def _oom_errors(client) -> int:
 
 
 def _squeeze_pool(ctx: Context, at: float) -> Measured:
-    import redis
-
     client = redis.Redis.from_url(pool_url(ctx), socket_timeout=5.0, decode_responses=True)
     try:
         policy = client.config_get("maxmemory-policy")["maxmemory-policy"]

@@ -5,15 +5,14 @@ bounded in time."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specserve.tools.faults.outcome import ChatSpec, RequestResult, StreamState, send_chat
+from specserve.platform.api.http_client import ChatRequest, get_json
+from specserve.tools.faults.outcome import RequestResult, StreamState, send_chat
 
 PROMPTS = (
     "Write a short story about a lighthouse keeper.",
@@ -37,16 +36,17 @@ class Traffic(BaseModel):
     probe_tokens: int = Field(4, gt=0)
     probe_deadline_s: float = Field(30.0, gt=0)
 
-    def spec(self, i: int, model: str | None = None) -> ChatSpec:
-        return ChatSpec(
+    def spec(self, i: int, model: str | None = None) -> ChatRequest:
+        return ChatRequest(
             url=self.url,
             model=model or self.model,
             prompt=self.prompts[i % len(self.prompts)],
             max_tokens=self.max_tokens,
             deadline_s=self.deadline_s,
+            ignore_eos=True,
         )
 
-    def probe(self, i: int, model: str | None = None) -> ChatSpec:
+    def probe(self, i: int, model: str | None = None) -> ChatRequest:
         return self.spec(i, model).model_copy(
             update={"max_tokens": self.probe_tokens, "deadline_s": self.probe_deadline_s}
         )
@@ -55,7 +55,7 @@ class Traffic(BaseModel):
 class Streams:
     """`specs` sent at once, one thread each, from `start()`; `join()` gives their results."""
 
-    def __init__(self, specs: list[ChatSpec]) -> None:
+    def __init__(self, specs: list[ChatRequest]) -> None:
         self.specs = specs
         self.states = [StreamState() for _ in specs]
         self.results: list[RequestResult | None] = [None] * len(specs)
@@ -156,11 +156,8 @@ def first_success(
 
 def health(url: str, timeout: float = 5.0) -> dict | None:
     """GET /healthz as JSON; None when it cannot be read."""
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=timeout) as resp:
-            return json.loads(resp.read())
-    except (OSError, ValueError):
-        return None
+    body = get_json(url.rstrip("/") + "/healthz", timeout=timeout)
+    return body if isinstance(body, dict) else None
 
 
 def store_ok(url: str) -> bool:

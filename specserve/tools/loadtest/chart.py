@@ -6,8 +6,8 @@ from __future__ import annotations
 
 def plot(report: dict, path) -> None:
     """A small PNG: throughput and ITL p50 against concurrency (log2), one line per mode."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: the optional `plot` extra
+    from matplotlib.figure import Figure  # lazy: the optional `plot` extra, only for --plot
 
     fig = Figure(figsize=(6, 3.5), dpi=80)
     FigureCanvasAgg(fig)

@@ -3,27 +3,25 @@ in-flight count and the replicas' batch (decoding + waiting + prefilling) reach 
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
-from specserve.tools.loadtest.client import (
-    CLIENT_ERRORS,
+from specserve.platform.api.http_client import (
+    REQUEST_ERRORS,
     ChatRequest,
-    Traffic,
+    ChatStream,
     has_content,
     open_chat,
-    running,
-    sse_events,
 )
+from specserve.tools.loadtest.client import Traffic, running
 from specserve.tools.loadtest.probes import gateway_inflight, replica_active, seconds_to_zero
 
 
-def _content_chunks(resp, after: int) -> int:
+def _content_chunks(stream: ChatStream, after: int) -> int:
     """Content chunks read from a stream, stopping at `after` or at its `[DONE]`."""
     seen = 0
-    if resp.status == 200:
-        for event in sse_events(resp):
+    if stream.status == 200:
+        for event in stream.events():
             seen += has_content(event)
             if seen >= after or event == "DONE":
                 break
@@ -37,23 +35,18 @@ def cut_stream(
 
     True when the stream was cut after `after` chunks (not refused, failed or finished early).
     """
-    sock = None
     try:
-        with open_chat(request) as conn:
-            sock = conn.sock  # getresponse() may drop conn.sock when the server closes after
-            resp = conn.getresponse()  # held until the cut: its file keeps `sock` open
-            if _content_chunks(resp, after) < after:
+        with open_chat(request) as stream:  # the connection closes on leaving
+            if _content_chunks(stream, after) < after:
                 return False
             ready.set()
-            go.wait(request.timeout)
-            sock.shutdown(socket.SHUT_RDWR)
+            go.wait(request.deadline_s)
+            stream.cut()
             return True
-    except CLIENT_ERRORS:
+    except REQUEST_ERRORS:
         return False
     finally:
         ready.set()
-        if sock is not None:
-            sock.close()
 
 
 def run_disconnect(

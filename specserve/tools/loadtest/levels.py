@@ -4,23 +4,20 @@ failures. `interleave_tasks` and `level_requests` give every level the same Spec
 
 from __future__ import annotations
 
-import http.client
 import statistics
 import time
 from dataclasses import field
 
 from pydantic.dataclasses import dataclass
 
-from specserve.tools.loadtest.client import (
-    CLIENT_ERRORS,
+from specserve.platform.api.http_client import (
+    REQUEST_ERRORS,
     ChatRequest,
-    Tickets,
-    Traffic,
+    ChatStream,
     has_content,
     open_chat,
-    run_all,
-    sse_events,
 )
+from specserve.tools.loadtest.client import Tickets, Traffic, run_all
 from specserve.tools.loadtest.stats import rounded, spread
 
 MODES = {
@@ -74,11 +71,11 @@ def level_requests(requests: int, rounds: int, concurrency: int, cycle: int) -> 
     return -(-count // max(cycle, 1)) * max(cycle, 1)
 
 
-def _timed(resp: http.client.HTTPResponse, started: float) -> Sample:
+def _timed(stream: ChatStream, started: float) -> Sample:
     """Read a 200 stream to its end, timing the first content chunk and the rest."""
     first = last = None
     tokens, tau = 0, None
-    for chunk in sse_events(resp):
+    for chunk in stream.events():
         if not isinstance(chunk, dict):
             continue
         if chunk.get("usage"):
@@ -97,12 +94,11 @@ def stream_chat(request: ChatRequest) -> Sample:
     """One streaming chat request; times the first content chunk and the rest."""
     started = time.perf_counter()
     try:
-        with open_chat(request) as conn:
-            resp = conn.getresponse()
-            if resp.status != 200:
-                return Sample(False, error=f"HTTP {resp.status}: {resp.read()[:200]!r}")
-            return _timed(resp, started)
-    except CLIENT_ERRORS as err:
+        with open_chat(request) as stream:
+            if stream.status != 200:
+                return Sample(False, error=f"HTTP {stream.status}: {stream.read()[:200]!r}")
+            return _timed(stream, started)
+    except REQUEST_ERRORS as err:
         return Sample(False, error=f"{type(err).__name__}: {err}")
 
 

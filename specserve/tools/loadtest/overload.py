@@ -13,15 +13,8 @@ from typing import Literal
 
 from pydantic.dataclasses import dataclass
 
-from specserve.tools.loadtest.client import (
-    CLIENT_ERRORS,
-    ChatRequest,
-    Tickets,
-    Traffic,
-    open_chat,
-    run_all,
-    sse_events,
-)
+from specserve.platform.api.http_client import REQUEST_ERRORS, ChatRequest, open_chat
+from specserve.tools.loadtest.client import Tickets, Traffic, run_all
 from specserve.tools.loadtest.probes import gateway_inflight, replica_kv_reserved, seconds_to_zero
 from specserve.tools.loadtest.stats import rounded, spread
 
@@ -43,16 +36,16 @@ class Attempt:
 
 def attempt_chat(request: ChatRequest) -> Attempt:
     """One streaming request, classified: completed only with the final `[DONE]`."""
-    resp = None
+    status = None
     started = time.perf_counter()
     try:
-        with open_chat(request) as conn:
-            resp = conn.getresponse()
-            if resp.status in (429, 503):
+        with open_chat(request) as stream:
+            status = stream.status
+            if status in (429, 503):
                 seconds = time.perf_counter() - started
-                header = resp.getheader("Retry-After") or ""
+                header = stream.headers.get("Retry-After") or ""
                 wait = float(header) if header.replace(".", "", 1).isdigit() else 0.0
-                by = "gateway" if GATEWAY_FULL in resp.read(4096) else "replica"
+                by = "gateway" if GATEWAY_FULL in stream.read()[:4096] else "replica"
                 return Attempt(
                     "refused",
                     refused_s=seconds,
@@ -60,14 +53,14 @@ def attempt_chat(request: ChatRequest) -> Attempt:
                     retry_after_s=wait,
                     refused_by=by,
                 )
-            if resp.status != 200:
-                return Attempt("failed", error=f"HTTP {resp.status}")
-            done = any(event == "DONE" for event in sse_events(resp))
+            if status != 200:
+                return Attempt("failed", error=f"HTTP {status}")
+            done = any(event == "DONE" for event in stream.events())
             return Attempt(
                 "completed" if done else "failed", True, error="" if done else "no [DONE]"
             )
-    except CLIENT_ERRORS as err:
-        admitted = resp is not None and resp.status == 200
+    except REQUEST_ERRORS as err:
+        admitted = status == 200
         return Attempt("failed", admitted, error=f"{type(err).__name__}: {err}")
 
 

@@ -7,14 +7,17 @@ import time
 
 import pytest
 
+from specserve.platform.api.http_client import ChatRequest
 from specserve.platform.state.redis_server import free_port
-from specserve.tools.faults.outcome import ChatSpec, StreamState, send_chat
+from specserve.tools.faults.outcome import StreamState, send_chat
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def _send(url: str, kind: str, deadline_s: float = 10.0):
-    return send_chat(ChatSpec(url=url, model="m", prompt=kind, max_tokens=4, deadline_s=deadline_s))
+    return send_chat(
+        ChatRequest(url=url, model="m", prompt=kind, max_tokens=4, deadline_s=deadline_s)
+    )
 
 
 @pytest.mark.parametrize("kind", ["complete", "chunked_complete"])
@@ -68,5 +71,7 @@ def test_no_listener_is_unreachable():
 
 def test_the_state_is_filled_while_streaming(sse_server):
     state = StreamState()
-    result = send_chat(ChatSpec(url=sse_server, model="m", prompt="complete", max_tokens=4), state)
+    result = send_chat(
+        ChatRequest(url=sse_server, model="m", prompt="complete", max_tokens=4), state
+    )
     assert state.tokens == result.tokens == 3 and state.finished

@@ -1,8 +1,8 @@
-"""Tests for specserve.tools.loadtest.client: what request i is, tickets across threads, SSE."""
+"""Tests for specserve.tools.loadtest.client: what request i is, tickets across threads."""
 
 import threading
 
-from specserve.tools.loadtest.client import Tickets, Traffic, has_content, run_all, sse_events
+from specserve.tools.loadtest.client import Tickets, Traffic, run_all
 
 
 def test_traffic_cycles_models_and_prompts_and_rotates_prompts():
@@ -25,10 +25,3 @@ def test_tickets_hand_out_each_number_once_up_to_the_limit():
     assert sorted(taken) == list(range(500)) and tickets.take() is None
     unbounded = Tickets()
     assert [unbounded.take() for _ in range(3)] == [0, 1, 2]
-
-
-def test_sse_events_reads_data_lines_and_done():
-    lines = [b'data: {"choices": [{"delta": {"content": "t"}}]}\n', b"\n", b": ping\n"]
-    events = list(sse_events([*lines, b"data: [DONE]\n"]))
-    assert len(events) == 2 and has_content(events[0]) and events[1] == "DONE"
-    assert not has_content("DONE") and not has_content({"choices": [], "usage": {}})

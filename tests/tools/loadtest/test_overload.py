@@ -1,8 +1,9 @@
 """Tests for specserve.tools.loadtest.overload: attempts classified and summarized, end to end
 against the fake server, from one or several client processes."""
 
+from specserve.platform.api.http_client import ChatRequest
 from specserve.tools.loadtest import overload
-from specserve.tools.loadtest.client import ChatRequest, Traffic
+from specserve.tools.loadtest.client import Traffic
 
 
 def test_summarize_overload_counts_percentiles_and_retry_after():
@@ -37,7 +38,7 @@ def test_summarize_overload_counts_percentiles_and_retry_after():
 
 def test_attempt_chat_classifies_completed_truncated_refused_and_unreachable(fake_server):
     with fake_server(refuse_every=3) as srv:
-        hi = ChatRequest(url=srv.url, model="m", prompt="hi", max_tokens=3, timeout=5)
+        hi = ChatRequest(url=srv.url, model="m", prompt="hi", max_tokens=3, deadline_s=5)
         done = overload.attempt_chat(hi)
         truncated = overload.attempt_chat(hi.model_copy(update={"prompt": "truncate"}))
         refused = overload.attempt_chat(hi)
