@@ -63,7 +63,7 @@ class TargetSettings(BaseModel):
             device=settings.device,
             dtype=settings.dtype,
             workload=settings.dtype_workload(),
-            cache_dir=platform_cache_dir(settings),
+            cache_dir=settings.resolved_cache_dir(),
             adapters=limits,
         )
 
@@ -90,11 +90,6 @@ class Tuning:
     def pad_width(self) -> Callable[[int], int] | None:
         """Verify widths padded to the device's cheapest (None: unpadded)."""
         return self.curve.padded_width if self.curve is not None else None
-
-
-def platform_cache_dir(settings: PlatformSettings) -> Path:
-    """The platform's cache: SPECSERVE_CACHE as settings read it, else the default."""
-    return settings.cache_dir or default_cache_dir()
 
 
 def load_target(target: TargetSettings, log: Callable[[str], object] = logger.info) -> ServedModel:
@@ -185,7 +180,7 @@ def base_spec(settings: PlatformSettings, model_id: str) -> BaseModelSpec:
     from specserve.models.provision import pull_model
 
     model_dir = settings.model_dirs.get(model_id) or pull_model(
-        model_id, platform_cache_dir(settings)
+        model_id, settings.resolved_cache_dir()
     )
     config = transformers.AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):

@@ -65,10 +65,7 @@ class ModelServer:
     def __init__(self, model_id: str, args: dict) -> None:
         import torch  # lazy: the app builder (`serve run`, `specserve up`) loads no torch (~2 s)
 
-        from specserve.platform.serving import (  # lazy: as torch, with transformers (~5 s)
-            build_service,
-            platform_cache_dir,
-        )
+        from specserve.platform.serving import build_service  # lazy: torch, transformers (~5 s)
 
         settings = PlatformSettings.from_args(args)
         torch.set_num_threads(settings.resolved_torch_threads())
@@ -76,7 +73,7 @@ class ModelServer:
         _, pool_store = platform_stores(settings)
         self.sync = PoolSync(pool_store, self.service.pools, base_model=model_id).start()
         # the batched forward compiles in the background (minutes on a CPU); eager until warm
-        cache_dir = platform_cache_dir(settings)
+        cache_dir = settings.resolved_cache_dir()
         self.compile = BatchCompile().start(self.service, settings.compile, model_id, cache_dir)
         self.model_id = model_id
         self.stall_s = settings.engine_stall_s
