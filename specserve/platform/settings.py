@@ -128,7 +128,8 @@ class PlatformSettings(BaseModel):
     def dtype_workload(self):
         """What `dtype: auto` prices for this platform's replicas and their jobs (one rule, so a
         drafter trains in the dtype it will serve in)."""
-        from specserve.engine.dtype_choice import Workload
+        # the gateway and the app builder parse settings without torch
+        from specserve.engine.dtype_choice import Workload  # lazy: torch (~5 s)
 
         return Workload(rows=self.dtype_rows)
 
