@@ -78,7 +78,7 @@ def test_stats_add_the_replicas_serve_cache_compile_state_and_pool_sync(service)
     """What crosses the Ray boundary to the gateway: a ReplicaStats, picklable as it is."""
     server = object.__new__(deployments.ModelServer.func_or_class)
     server.service, server.compile = service, BatchCompile()
-    server.sync = SimpleNamespace(health=lambda: {"status": "degraded"})
+    server.sync = SimpleNamespace(health=lambda: {"status": "degraded"}, stop=lambda: None)
     stats = pickle.loads(pickle.dumps(server.stats()))
     assert stats.adapters.variant_cache_size == service.adapters.capacity == 2
     assert stats.compile.status == "off" and stats.pools.sync_ok is False
