@@ -31,7 +31,8 @@ from specserve.engine.batch_settings import BatchSettings
 from specserve.engine.sampling import SamplingParams
 from specserve.models.load import load_model
 from specserve.paths import default_cache_dir
-from specserve.platform.service import GenerateRequest, ModelService, Target
+from specserve.platform.requests import GenerateRequest, Target
+from specserve.platform.service import ModelService
 from specserve.policies.settings import PolicySettings
 
 PROMPT = "Write a short note about the history of the printing press and its effect on science."

@@ -167,9 +167,9 @@ def _run(engine, args, prompts, names: list[str]) -> dict:
     stats = scheduler.stats()
     return {
         "tok_s": count["tokens"] / seconds,
-        "step_ms": 1000 * stats["decode_seconds"] / max(stats["decode_steps"], 1),
-        "rows": stats["decode_rows"] / max(stats["decode_steps"], 1),
-        "prefill_ms": 1000 * stats["prefill_seconds"] / max(stats["prefill_tokens"], 1),
+        "step_ms": 1000 * stats.decode_seconds / max(stats.decode_steps, 1),
+        "rows": stats.decode_rows / max(stats.decode_steps, 1),
+        "prefill_ms": 1000 * stats.prefill_seconds / max(stats.prefill_tokens, 1),
     }
 
 

@@ -18,6 +18,7 @@ from specserve.engine import hf_internals
 from specserve.engine.batch_cache import BatchKV
 from specserve.engine.batch_forward import BatchRow, verify_batch_forward
 from specserve.engine.batch_settings import BatchSettings
+from specserve.engine.batch_stats import BatchStats
 from specserve.engine.decode import Engine, RequestState, feature_layers
 from specserve.engine.loop import EngineLoop
 from specserve.engine.lora import BASE_ADAPTER
@@ -126,18 +127,18 @@ class Scheduler(EngineLoop):
             ticket.cancelled = True
             self._lock.notify()
 
-    def stats(self) -> dict:
+    def stats(self) -> BatchStats:
         with self._lock:
-            return {
-                "waiting": sum(map(len, self.waiting.values())),
-                "prefilling": len(self.prefilling),
-                "decoding": len(self.decoding),
-                "kv_reserved_tokens": self.reserved,
-                "kv_columns": self.kv.columns,
-                "steps": self.steps,
+            return BatchStats(
+                waiting=sum(map(len, self.waiting.values())),
+                prefilling=len(self.prefilling),
+                decoding=len(self.decoding),
+                kv_reserved_tokens=self.reserved,
+                kv_columns=self.kv.columns,
+                steps=self.steps,
                 **self.totals,
-                "draft_cap": self.last_cap,
-            }
+                draft_cap=self.last_cap,
+            )
 
     @property
     def decoding(self) -> list[Ticket]:
@@ -145,8 +146,7 @@ class Scheduler(EngineLoop):
         return [t for t in self.slots if t is not None]
 
     def active(self) -> int:
-        s = self.stats()
-        return s["waiting"] + s["prefilling"] + s["decoding"]
+        return self.stats().active
 
     def _fail_all(self, dead: EngineDead) -> None:
         """The loop died: end every request, queued, admitted or mid-step."""

@@ -9,7 +9,10 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from specserve.platform.events import Delta, Done
-from specserve.platform.service import GenerateRequest, ModelService, Overloaded
+from specserve.platform.faults import inject
+from specserve.platform.replica_stats import ReplicaStats
+from specserve.platform.requests import GenerateRequest
+from specserve.platform.service import ModelService, Overloaded
 
 __all__ = ["Backend", "LocalBackend", "Overloaded"]
 
@@ -17,7 +20,7 @@ __all__ = ["Backend", "LocalBackend", "Overloaded"]
 class Backend(Protocol):
     def stream(self, base_model: str, request: GenerateRequest) -> AsyncIterator[Delta | Done]: ...
 
-    async def replica_stats(self) -> dict[str, dict]: ...
+    async def replica_stats(self) -> dict[str, ReplicaStats]: ...
 
     async def inject_fault(self, base_model: str, kind: str) -> str: ...
 
@@ -31,10 +34,8 @@ class LocalBackend:
     def stream(self, base_model: str, request: GenerateRequest) -> AsyncIterator[Delta | Done]:
         return self.services[base_model].generate(request)
 
-    async def replica_stats(self) -> dict[str, dict]:
+    async def replica_stats(self) -> dict[str, ReplicaStats]:
         return {f"{name}/local": service.stats() for name, service in self.services.items()}
 
     async def inject_fault(self, base_model: str, kind: str) -> str:
-        from specserve.platform.faults import inject
-
         return inject(self.services[base_model], kind)

@@ -1,7 +1,8 @@
 """A replica's compiled batched forward, warmed in the background: `start` decides from the
 `compile` setting and the cached measurement, pins the LoRA modules on the engine thread, then
 compiles and measures in a thread of its own while the loop serves eager; steps route to the
-compiled forward once it is warm. `state` is what health and stats report.
+compiled forward once it is warm. `state` is what health and stats report. Light to import (no
+torch): replica stats (`CompileState`) and the Serve app builder import it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class BatchCompile:
     def start(self, service, mode: str, model_id: str, cache_dir: Path) -> BatchCompile:
         """Decide (`compile_choice.decide` over the cached batched record), and if on, attach on
         the engine thread and warm in the background; never blocks for the compile."""
-        from specserve.engine import compile_choice
+        from specserve.engine import compile_choice  # lazy: torch (~5 s); see the docstring
 
         # compiled graphs persist beside the other caches: a later start loads them from disk
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(cache_dir) / "inductor"))
@@ -60,7 +61,7 @@ class BatchCompile:
         return self
 
     def _warm(self, service, model_id: str, cache_dir: Path) -> None:
-        from specserve.engine import compile_choice, compiled_batch
+        from specserve.engine import compile_choice, compiled_batch  # lazy: torch, as above
 
         try:
             settings = compiled_batch.BatchCompileSettings()

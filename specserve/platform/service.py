@@ -11,32 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import random
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict
 
 from specserve.adapters.resident import PreparedAdapter, ResidentAdapters
-from specserve.adapters.variants import PoolBook, VariantKey
+from specserve.adapters.variants import PoolBook
 from specserve.engine.decode import Engine, RequestState
 from specserve.engine.lora import BASE_ADAPTER
 from specserve.engine.prompts import encode_messages, encode_prompt
-from specserve.engine.proposers import DRAFTER_KINDS, REGISTRY
-from specserve.engine.sampling import SamplingParams
-from specserve.engine.scheduler import BatchSettings, EngineDead, QueueFull, Scheduler
-from specserve.platform.events import Delta, Done, DoneInfo, Usage, decoded_logprobs
+from specserve.engine.scheduler import BatchSettings, EngineDead, QueueFull, Scheduler, Ticket
+from specserve.platform.done_event import done_event
+from specserve.platform.drafter_cache import DrafterCache, LoadedDrafter
+from specserve.platform.events import Delta, Done
+from specserve.platform.replica_stats import AdapterFigures, Numerics, ReplicaStats
+from specserve.platform.requests import GenerateRequest, Target
 from specserve.platform.speed import request_cost
-from specserve.policies.router import (
-    Decision,
-    VariantView,
-    decide,
-    requestable,
-    usable_drafters,
-)
+from specserve.platform.step_events import StepEvents, delta
+from specserve.platform.strategy_choice import choose
+from specserve.policies.router import Decision
 from specserve.policies.settings import PolicySettings
 
 
@@ -49,16 +45,6 @@ class ReplicaLost(Exception):
     backend; the gateway ends the response with an error, or retries one that has not started)."""
 
 
-MAX_CHOICES = 16  # n per request (each choice is a batch row)
-SPECULATION_ALIASES = {"off": "ar"}  # a request's `speculation` value -> the strategy it names
-
-
-def speculation_values(view: VariantView) -> list[str]:
-    """What a request's `speculation` may say on this variant now: the aliases ("off"), then
-    each strategy it may use (a trained drafter's only once the variant has a usable one)."""
-    return [*SPECULATION_ALIASES, *requestable(view, REGISTRY.names())]
-
-
 class ServiceHealth(BaseModel):
     """Whether the engine loop serves: ok, else why not (a health check raises with it)."""
 
@@ -66,75 +52,6 @@ class ServiceHealth(BaseModel):
 
     ok: bool
     reason: str = ""
-
-
-class Target(VariantView):
-    """What the gateway resolved a `model` name to: the policy's view of the variant version
-    (name None = the base model itself), where its adapter is, and the policy settings an admin
-    stored (None: the server's own)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    adapter_path: str | None = None
-    adapter_sha256: str | None = None
-    policy: PolicySettings | None = None
-    broken: str | None = None  # why this version may not be served (the gateway refuses it)
-    capture: bool = False  # the gateway keeps a sample of this variant's traffic (admin's choice)
-
-    @property
-    def key(self) -> VariantKey | None:
-        return VariantKey(self.name, self.version) if self.name else None
-
-
-class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    target: Target
-    prompt: str | None = None  # a completion: raw text
-    messages: list[dict[str, str]] | None = None  # a chat: through the chat template
-    params: SamplingParams
-    strategy: str | None = Field(None, description="bypass the policy (tests, benchmarks)")
-    speculation: str | None = Field(
-        None,
-        description="the strategy the client asked for, one of `speculation_values(target)` "
-        "(`off`: plain ar); None: the policy decides",
-    )
-    n: int = Field(1, ge=1, le=MAX_CHOICES, description="choices, sharing one prefill")
-
-    @field_validator("speculation")
-    @classmethod
-    def _allowed(cls, value: str | None, info: ValidationInfo) -> str | None:
-        target = info.data.get("target")
-        if value is None or target is None:  # no target: its own error is reported
-            return value
-        valid = speculation_values(target)
-        if value in valid:
-            return value
-        if value in REGISTRY.names():  # only a drafter's strategy waits for its drafter
-            why = f"needs a trained {value} drafter, and this model has no usable one now"
-        else:
-            why = "is unknown"
-        message = f"{value[:40]!r} {why}; valid values: {', '.join(valid)}"
-        raise PydanticCustomError("invalid_speculation", "{message}", {"message": message})
-
-    @property
-    def requested_strategy(self) -> str | None:
-        """The strategy `speculation` names (None: not asked)."""
-        return SPECULATION_ALIASES.get(self.speculation, self.speculation)
-
-    @property
-    def load_aware(self) -> bool:
-        """Whether the replica may cut this request's drafts under load: not when the caller set
-        `strategy` or an admin forced one the request did not override (a request's own
-        `speculation` is cut like the policy's choice)."""
-        if self.strategy:
-            return False
-        return self.speculation is not None or not self.target.forced_strategy
-
-    def choice_params(self, index: int, base_seed: int) -> SamplingParams:
-        """Choice `index`'s sampling: seed `base_seed + index`, so choice i answers what a single
-        request with that seed answers (choice 0: the request's own seed)."""
-        return self.params.model_copy(update={"seed": base_seed + index})
 
 
 class ModelService:
@@ -164,9 +81,7 @@ class ModelService:
         self.curve = curve
         self.ongoing = 0
         self.cancelled = 0  # requests stopped before they finished
-        # (artifact dir, sha) -> drafter, its tree config, one draft level's cost (forwards)
-        self._drafters: dict[tuple[str, str], tuple[object, dict | None, float]] = {}
-        self._weights_sha: str | None = None
+        self.drafters = DrafterCache(adapters.model, loaded.model_id, curve)
         self.scheduler = Scheduler(self.engine, batch, curve.relative if curve else None)
         # one loader thread: cold adapters convert one at a time beside the loop (more threads
         # only fight the loop for the cores and the GIL; measured in docs/performance.md)
@@ -192,23 +107,32 @@ class ModelService:
             return ServiceHealth(ok=False, reason=reason)
         return ServiceHealth(ok=True)
 
-    def stats(self) -> dict:
-        """Figures for metrics and health: adapter LRU counters and ongoing requests."""
-        adapter_stats = self.adapters.stats
-        return {
-            "ongoing": self.ongoing,
-            "cancelled": self.cancelled,
-            **{f"batch_{k}": v for k, v in self.scheduler.stats().items()},
-            "dtype": str(self.engine.model.dtype),
-            "invariant": self.engine.invariance.invariant,
-            "invariant_reason": self.engine.invariance.reason,
-            "adapters_resident": len(self.adapters.names),
-            "adapter_resident_bytes": self.adapters.resident_bytes,
-            "adapter_budget_bytes": self.adapters.budget_bytes,
-            "adapter_loads": adapter_stats.loads,
-            "adapter_evictions": adapter_stats.evictions,
-            "adapter_load_seconds_total": round(adapter_stats.load_seconds_total, 4),
-        }
+    def stats(self) -> ReplicaStats:
+        """Figures for metrics and health: requests, the engine loop, adapters and numerics."""
+        adapters, counters = self.adapters, self.adapters.stats
+        choice = self.loaded.dtype_choice
+        figures = AdapterFigures(
+            resident=len(adapters.names),
+            resident_bytes=adapters.resident_bytes,
+            budget_bytes=adapters.budget_bytes,
+            loads=counters.loads,
+            evictions=counters.evictions,
+            load_seconds_total=round(counters.load_seconds_total, 4),
+        )
+        numerics = Numerics(
+            dtype=str(self.engine.model.dtype),
+            dtype_reason=choice.reason if choice else None,
+            invariant=self.engine.invariance.invariant,
+            invariant_reason=self.engine.invariance.reason,
+        )
+        batch = self.scheduler.stats()
+        return ReplicaStats(
+            ongoing=self.ongoing,
+            cancelled=self.cancelled,
+            batch=batch,
+            adapters=figures,
+            numerics=numerics,
+        )
 
     def encode(self, request: GenerateRequest) -> list[int]:
         tok = self.loaded.tokenizer
@@ -217,83 +141,13 @@ class ModelService:
         return encode_prompt(tok, request.prompt or "", chat=False)
 
     def choose(self, request: GenerateRequest) -> tuple[Decision, BaseModel, object]:
-        """The decision for this request (the caller's `strategy`, else the request's own
-        `speculation`, else the policy's), the strategy config it implies and the variant's
-        drafter (None unless the strategy needs one)."""
-        if request.strategy:
-            decision = Decision(request.strategy, "strategy set by the caller")
-        elif request.requested_strategy is not None:
-            reason = f"requested by the request: speculation={request.speculation}"
-            decision = Decision(request.requested_strategy, reason)
-        else:
-            policy = self.policy if request.target.policy is None else request.target.policy
-            decision = decide(request.target, self.ongoing, policy, self.clock())
-        decision, drafter, drafter_cfg = self._with_drafter(request.target, decision)
-        strategy = REGISTRY.get(decision.strategy)
-        base = self.strategy_configs.get(decision.strategy)
-        if drafter_cfg is not None:
-            tree = strategy.with_drafter_tree
-            base = tree(base, drafter_cfg) if tree else drafter_cfg
-        config = REGISTRY.config(decision.strategy, base)
-        if decision.max_draft_tokens:
-            config = REGISTRY.limited(decision.strategy, config, decision.max_draft_tokens)
-        return decision, config, drafter
+        """The request's decision, strategy config and drafter (`strategy_choice.choose`)."""
+        now = self.clock()
+        return choose(request, self.ongoing, self.policy, now, self.strategy_configs, self.drafter)
 
-    def _with_drafter(self, target: Target, decision: Decision):
-        """(decision, drafter, its device-sized tree config) for a strategy drafting with a
-        trained drafter. One that needs it falls back to lookahead when it is refused; one that
-        only adds it (hybrid) drafts from n-grams alone without one, and its reason says which."""
-        strategy = REGISTRY.get(decision.strategy)
-        kind = strategy.drafts_with
-        if kind not in DRAFTER_KINDS.names():
-            return decision, None, None
-        optional = strategy.drafter_optional
-        if optional and kind not in {d.kind for d in usable_drafters(target)}:
-            reason = f"{decision.reason}; n-grams alone (no usable {kind} drafter)"
-            return dataclasses.replace(decision, reason=reason), None, None
-        try:
-            drafter, drafter_cfg, _ = self.drafter(target, kind)
-        except (ValueError, OSError) as err:  # mismatch, missing files: never garbage drafts
-            if optional:
-                reason = f"{decision.reason}; its {kind} drafter was refused ({err}); n-grams alone"
-                return dataclasses.replace(decision, reason=reason), None, None
-            reason = f"{decision.reason}; but its {kind} drafter was refused ({err}); lookahead"
-            return Decision("lookahead", reason), None, None
-        notes = list(drafter.notes or [])
-        if optional:
-            notes.insert(0, f"{kind} drafter loaded")
-        if notes:
-            decision = dataclasses.replace(decision, reason="; ".join([decision.reason, *notes]))
-        return decision, drafter, drafter_cfg
-
-    def drafter(self, target: Target, kind: str) -> tuple[object, dict | None, float]:
-        """The target's `kind` drafter, loaded once and checked against this base model and the
-        variant's adapter (a drafter of another version is refused), its tree config and one
-        draft level's measured cost (None and 0 without a cost curve)."""
-        from specserve.engine.drafters.artifact import base_weights_sha256, load_drafter
-
-        found = [d for d in target.drafters if d.kind == kind and d.artifact_dir]
-        if not found:
-            raise ValueError(f"no {kind} artifact registered for {target.key or 'the base model'}")
-        path = found[0].artifact_dir
-        cache_key = (path, target.adapter_sha256 or "")
-        if cache_key not in self._drafters:
-            if self._weights_sha is None:
-                self._weights_sha = base_weights_sha256(self.adapters.model)
-            drafter = load_drafter(
-                path,
-                self.adapters.model,
-                self.loaded.model_id,
-                target.adapter_sha256,
-                self._weights_sha,
-            )
-            config, level_cost = None, 0.0
-            if self.curve is not None:
-                from specserve.engine.drafters.budget import drafter_config
-
-                config, level_cost = drafter_config(drafter, self.curve)
-            self._drafters[cache_key] = (drafter, config, level_cost)
-        return self._drafters[cache_key]
+    def drafter(self, target: Target, kind: str) -> LoadedDrafter:
+        """The target's `kind` drafter, its tree config and one level's cost (`DrafterCache`)."""
+        return self.drafters.get(target, kind)
 
     def prepare_variant(self, target: Target) -> PreparedAdapter | None:
         """Validate, check against its registered sha256 and convert the target's adapter unless
@@ -329,55 +183,21 @@ class ModelService:
         """Yield delta events, then a done event, per choice (`index`; n > 1 share one prefill);
         cancelling the consumer stops the decode (its rows leave the batch at the next step).
         Raises Overloaded when the queue is full."""
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-
-        def sink_for(index: int):
-            def sink(step, finished: bool) -> None:
-                # a consumer whose loop already closed (it cancelled, the step raced it) has
-                # nobody to tell; raising here would take the engine thread, and every other
-                # request, down
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(events.put_nowait, (index, step, finished))
-
-            return sink
-
-        if not self.scheduler.heartbeat().started:
-            self.start()  # never a second loop: a dead one refuses (EngineDead -> Overloaded)
-        # a cold adapter is read and converted on a worker thread while the loop keeps stepping;
-        # the hand-over to the store happens on the engine thread, between steps
-        adapter = None
-        key = request.target.key
-        if key is not None and str(key) not in self.adapters:
-            adapter = await loop.run_in_executor(self._loader, self.prepare_variant, request.target)
-        started = self.scheduler.call(lambda: self._prepare(request, adapter))
-        # a consumer gone before this returns drops the result: its hold (a context-manager
-        # generator) is closed when the ExitStack is freed
-        try:
-            states, decision, hold = await asyncio.wrap_future(started)
-        except EngineDead as err:  # 503 + Retry-After: another replica, or this one replaced
-            raise Overloaded(f"{self.loaded.model_id}: {err}") from None
+        events = StepEvents(asyncio.get_running_loop())
+        states, decision, hold = await self._started(request)
         self.ongoing += 1
         left = set(range(len(states)))
         try:
-            tickets = self._submit(request, states, [sink_for(i) for i in left])
+            tickets = self._submit(request, states, [events.sink(i) for i in left])
             try:
                 while left:
                     index, step, finished = await events.get()
-                    if step is not None and (step.text or step.logprobs):
-                        yield Delta(
-                            text=step.text,
-                            token_ids=step.new_ids,
-                            logprobs=decoded_logprobs(step.logprobs, self._piece),
-                            index=index,
-                        )
+                    step_delta = delta(index, step, self._piece)
+                    if step_delta is not None:
+                        yield step_delta
                     if finished and index in left:
                         left.discard(index)
-                        error = tickets[index].error
-                        if error is not None:
-                            raise RuntimeError(f"generation failed: {error}") from error
-                        done = self._done(request, states[index], decision)
-                        yield done.model_copy(update={"index": index})
+                        yield self._done(request, states[index], decision, tickets[index], index)
             finally:
                 if left:  # the consumer went away (client disconnect, cancellation)
                     for index in left:
@@ -386,6 +206,26 @@ class ModelService:
         finally:
             self.ongoing -= 1
             hold.close()
+
+    async def _started(self, request: GenerateRequest):
+        """Start the loop if needed, make the adapter resident and start the request's choices
+        on the engine thread: (states, decision, hold) as `_prepare` returns them."""
+        if not self.scheduler.heartbeat().started:
+            self.start()  # never a second loop: a dead one refuses (EngineDead -> Overloaded)
+        # a cold adapter is read and converted on a worker thread while the loop keeps stepping;
+        # the hand-over to the store happens on the engine thread, between steps
+        adapter = None
+        key = request.target.key
+        if key is not None and str(key) not in self.adapters:
+            loop = asyncio.get_running_loop()
+            adapter = await loop.run_in_executor(self._loader, self.prepare_variant, request.target)
+        started = self.scheduler.call(lambda: self._prepare(request, adapter))
+        # a consumer gone before this returns drops the result: its hold (a context-manager
+        # generator) is closed when the ExitStack is freed
+        try:
+            return await asyncio.wrap_future(started)
+        except EngineDead as err:  # 503 + Retry-After: another replica, or this one replaced
+            raise Overloaded(f"{self.loaded.model_id}: {err}") from None
 
     def _submit(self, request: GenerateRequest, states: list[RequestState], sinks: list):
         """Queue the request's choices (one prefill for all); Overloaded when the queue is full."""
@@ -433,39 +273,21 @@ class ModelService:
             raise
         return states, decision, hold
 
-    def _decode_cost(self, state: RequestState, result) -> tuple[int, float] | None:
-        """(decode tokens, their cost in forwards) of a finished request (`speed`)."""
-        drafter = getattr(state.proposer, "drafter", None)
-        level_cost = next((c for d, _, c in self._drafters.values() if d is drafter), 0.0)
-        return request_cost(result, self.curve, drafter, level_cost)
-
-    def _done(self, request: GenerateRequest, state: RequestState, decision: Decision) -> Done:
+    def _done(
+        self,
+        request: GenerateRequest,
+        state: RequestState,
+        decision: Decision,
+        ticket: Ticket,
+        index: int,
+    ) -> Done:
+        """Choice `index`'s Done event; raises when its decode failed."""
+        if ticket.error is not None:
+            raise RuntimeError(f"generation failed: {ticket.error}") from ticket.error
         result = self.engine.result(state)
-        costed = self._decode_cost(state, result)
-        reason = decision.reason
-        if state.capped_steps:
-            reason += f"; load: drafts cut in {state.capped_steps} of {state.forwards} steps"
-        prompt, completion = len(result.prompt_ids), len(result.output_ids)
-        return Done(
-            finish_reason=result.finish_reason,
-            usage=Usage(
-                prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
-            ),
-            specserve=DoneInfo(
-                variant=request.target.name,
-                version=request.target.version or None,
-                strategy=decision.strategy,
-                reason=reason,
-                tau=round(result.tau, 3),
-                load_capped_steps=state.capped_steps,
-                forwards=result.forwards,
-                drafted_by_depth=result.drafted_by_depth,
-                accepted_by_depth=result.accepted_by_depth,
-                accepted_by_source=result.accepted_by_source,
-                train_kind=decision.train_kind,
-                retrain_kind=decision.retrain_kind,
-                invariant=self.engine.invariance.invariant,
-                decode_cost=round(costed[1], 3) if costed else None,
-                decode_tokens=costed[0] if costed else 0,
-            ),
-        )
+        drafter = getattr(state.proposer, "drafter", None)
+        level_cost = self.drafters.level_cost(drafter)
+        costed = request_cost(result, self.curve, drafter, level_cost)
+        invariant = self.engine.invariance.invariant
+        done = done_event(request, state, result, decision, costed, invariant)
+        return done.model_copy(update={"index": index})

@@ -12,16 +12,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+import transformers
 from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.adapters.resident import ResidentAdapters, base_model_names
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec
+from specserve.adapters.variants import PoolBook
+from specserve.engine.compiled import forward_key
 from specserve.engine.cost import CostCurve
 from specserve.engine.dtype_choice import Workload
-from specserve.models.load import LoadedModel
+from specserve.engine.head import use_float32_head
+from specserve.engine.tuning import cached_choices
+from specserve.models.load import LoadedModel, load_model
+from specserve.models.provision import pull_model
 from specserve.paths import default_cache_dir
 from specserve.platform.service import ModelService
+from specserve.policies.settings import PolicySettings
 
 if TYPE_CHECKING:  # the command line (and the GPU check) loads models without the platform's
     from specserve.platform.settings import PlatformSettings  # environment parsing
@@ -63,7 +71,7 @@ class TargetSettings(BaseModel):
             device=settings.device,
             dtype=settings.dtype,
             workload=settings.dtype_workload(),
-            cache_dir=platform_cache_dir(settings),
+            cache_dir=settings.resolved_cache_dir(),
             adapters=limits,
         )
 
@@ -92,16 +100,8 @@ class Tuning:
         return self.curve.padded_width if self.curve is not None else None
 
 
-def platform_cache_dir(settings: PlatformSettings) -> Path:
-    """The platform's cache: SPECSERVE_CACHE as settings read it, else the default."""
-    return settings.cache_dir or default_cache_dir()
-
-
 def load_target(target: TargetSettings, log: Callable[[str], object] = logger.info) -> ServedModel:
     """Load the model (dtype `auto` measured and cached), named as served, and its resident set."""
-    from specserve.engine.head import use_float32_head
-    from specserve.models.load import load_model
-
     loaded = load_model(
         target.source,
         device=target.device,
@@ -138,9 +138,6 @@ def resident_adapters(
 def cached_tuning(served: ServedModel, strategies: Iterable[str]) -> Tuning:
     """The cached cost curve and tuned configs of the model's forward as it runs now (compiled
     or not); nothing is measured (a server starts fast and uses defaults until tuned)."""
-    from specserve.engine.compiled import forward_key
-    from specserve.engine.tuning import cached_choices
-
     loaded = served.loaded
     curve, configs = cached_choices(
         served.cache_dir,
@@ -156,9 +153,6 @@ def build_service(settings: PlatformSettings, model_id: str) -> ModelService:
     """A started ModelService of `model_id` as a replica serves it: the model, its resident
     adapters, the cached curve and configs, a fresh n-gram pool book and the policy file's
     settings."""
-    from specserve.adapters.variants import PoolBook
-    from specserve.policies.settings import PolicySettings
-
     served = load_target(TargetSettings.for_platform(settings, model_id))
     loaded = served.loaded
     why = f" (auto: {loaded.dtype_choice.reason})" if loaded.dtype_choice is not None else ""
@@ -179,13 +173,8 @@ def build_service(settings: PlatformSettings, model_id: str) -> ModelService:
 
 def base_spec(settings: PlatformSettings, model_id: str) -> BaseModelSpec:
     """Module shapes of a served base model from its config alone (meta device: no weights)."""
-    import torch
-    import transformers
-
-    from specserve.models.provision import pull_model
-
     model_dir = settings.model_dirs.get(model_id) or pull_model(
-        model_id, platform_cache_dir(settings)
+        model_id, settings.resolved_cache_dir()
     )
     config = transformers.AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):

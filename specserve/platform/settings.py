@@ -275,4 +275,8 @@ class PlatformSettings(BaseModel):
     def resolved_adapter_root(self) -> Path:
         if self.adapter_root is not None:
             return self.adapter_root
-        return (self.cache_dir or default_cache_dir()) / "adapters"
+        return self.resolved_cache_dir() / "adapters"
+
+    def resolved_cache_dir(self) -> Path:
+        """The platform's cache: SPECSERVE_CACHE as settings read it, else the default."""
+        return self.cache_dir or default_cache_dir()

@@ -155,10 +155,10 @@ def test_stats_account_decode_steps_rows_and_prefill_tokens(engine):
         scheduler.step()
         steps, rows = steps + (decoding > 0), rows + decoding
     stats = scheduler.stats()
-    assert (stats["decode_steps"], stats["decode_rows"]) == (steps, rows) and rows > steps > 0
-    assert stats["prefill_tokens"] == sum(s.prompt_len for s in states)
-    assert stats["decode_seconds"] > 0 and stats["prefill_seconds"] > 0
-    assert set(LOOP_TOTALS) <= set(stats)  # what the replica reports of them
+    assert (stats.decode_steps, stats.decode_rows) == (steps, rows) and rows > steps > 0
+    assert stats.prefill_tokens == sum(s.prompt_len for s in states)
+    assert stats.decode_seconds > 0 and stats.prefill_seconds > 0
+    assert set(LOOP_TOTALS) <= set(stats.model_dump())  # what the replica reports of them
 
 
 def test_one_tenants_burst_does_not_starve_another(engine):

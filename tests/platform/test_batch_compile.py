@@ -19,7 +19,8 @@ from specserve.engine.decode import Engine
 from specserve.engine.sampling import SamplingParams
 from specserve.models.load import LoadedModel
 from specserve.platform.batch_compile import BatchCompile
-from specserve.platform.service import GenerateRequest, ModelService, Target
+from specserve.platform.requests import GenerateRequest, Target
+from specserve.platform.service import ModelService
 from specserve.policies.settings import PolicySettings
 
 pytestmark = pytest.mark.timeout(600)

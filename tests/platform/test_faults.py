@@ -101,7 +101,8 @@ def test_a_killed_loop_ends_every_request_it_held_and_refuses_new_ones(service, 
     import asyncio
 
     from specserve.engine.sampling import SamplingParams
-    from specserve.platform.service import GenerateRequest, Overloaded, Target
+    from specserve.platform.requests import GenerateRequest, Target
+    from specserve.platform.service import Overloaded
 
     monkeypatch.setattr(threading, "excepthook", lambda args: None)  # expected: not reported
 

@@ -19,7 +19,8 @@ from specserve.engine.drafters.modules import EagleSpec
 from specserve.engine.sampling import SamplingParams
 from specserve.models.load import LoadedModel
 from specserve.platform.events import Delta, Done, Usage
-from specserve.platform.service import GenerateRequest, ModelService, Overloaded, Target
+from specserve.platform.requests import GenerateRequest, Target
+from specserve.platform.service import ModelService, Overloaded
 from specserve.policies.router import DrafterView
 from specserve.policies.settings import PolicySettings
 
@@ -435,7 +436,7 @@ def test_a_cold_adapter_loads_while_the_loop_keeps_decoding(service, make_adapte
 
     async def go():
         long = asyncio.ensure_future(collect(_request(strategy="ar", max_new=200)))
-        while service.scheduler.stats()["decoding"] == 0:
+        while service.scheduler.stats().decoding == 0:
             await asyncio.sleep(0.005)
         cold = await collect(_request(target, strategy="ar", max_new=4))
         return await long, cold
@@ -461,8 +462,9 @@ def test_release_variant_evicts_an_idle_adapter_and_keeps_a_held_one(
         assert service.adapters.names == ["busy@1"]
         assert service.adapters.store.names == ["busy@1"]
     service.release_variant("gone@1")  # never resident: nothing to do
-    assert service.stats()["adapters_resident"] == 1
-    assert service.stats()["adapter_budget_bytes"] >= service.stats()["adapter_resident_bytes"] > 0
+    adapters = service.stats().adapters
+    assert adapters.resident == 1
+    assert adapters.budget_bytes >= adapters.resident_bytes > 0
 
 
 def test_serves_unload_then_the_objects_finalizer_release_once(service, make_adapter, tiny_llama):

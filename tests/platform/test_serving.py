@@ -19,7 +19,7 @@ from specserve.engine.sampling import SamplingParams
 from specserve.engine.tuning import Tuned, tuned_path
 from specserve.models.load import load_model
 from specserve.platform.events import Done
-from specserve.platform.service import GenerateRequest, Target
+from specserve.platform.requests import GenerateRequest, Target
 from specserve.platform.serving import (
     TargetSettings,
     base_spec,

@@ -42,7 +42,8 @@ from specserve.platform.api.shaping import Reply, collect, sse, stream_failure
 from specserve.platform.api.traffic import TrafficRecorder
 from specserve.platform.backend import Backend, Overloaded
 from specserve.platform.events import Delta, Done
-from specserve.platform.service import GenerateRequest, ReplicaLost, Target
+from specserve.platform.requests import GenerateRequest, Target
+from specserve.platform.service import ReplicaLost
 from specserve.platform.settings import PlatformSettings
 from specserve.platform.state.registry import Registry
 from specserve.platform.state.store import StoreError
@@ -248,11 +249,9 @@ class Gateway:
             except TimeoutError:
                 stats = {}
             fresh = {
-                replica.split("/")[0]: {
-                    "dtype": figures.get("dtype"),
-                    "invariant": figures.get("invariant"),
-                    "invariant_reason": figures.get("invariant_reason"),
-                }
+                replica.split("/")[0]: figures.numerics.model_dump(
+                    include={"dtype", "invariant", "invariant_reason"}
+                )
                 for replica, figures in stats.items()
             }
             facts = fresh or facts

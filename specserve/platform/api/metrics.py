@@ -12,13 +12,14 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from specserve.platform.events import Done
+from specserve.platform.replica_stats import ReplicaStats
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5)
 MAX_DEPTH_LABEL = 16
 
 
-# cumulative since the replica started: where the engine loop's time went (Scheduler.stats)
+# cumulative since the replica started: where the engine loop's time went (BatchStats)
 LOOP_TOTALS = (
     "decode_steps",
     "decode_rows",
@@ -26,13 +27,13 @@ LOOP_TOTALS = (
     "prefill_tokens",
     "prefill_seconds",
 )
-ADAPTER_FIGURES = {  # figure label -> ModelServer.stats key
-    "resident": "adapters_resident",
-    "resident_bytes": "adapter_resident_bytes",
-    "budget_bytes": "adapter_budget_bytes",
-    "variant_cache_size": "variant_cache_size",
-}
-BATCH_FIGURES = (
+ADAPTER_FIGURES = (  # figure labels = AdapterFigures fields
+    "resident",
+    "resident_bytes",
+    "budget_bytes",
+    "variant_cache_size",
+)
+BATCH_FIGURES = (  # figure labels = BatchStats fields
     "waiting",
     "prefilling",
     "decoding",
@@ -49,7 +50,11 @@ class Metrics:
         self.max_variants = max_variants
         self._variants: set[str] = set()
         self._lock = threading.Lock()
-        labels = ["base_model", "variant", "strategy"]
+        self._request_metrics(["base_model", "variant", "strategy"])
+        self._replica_metrics()
+
+    def _request_metrics(self, labels: list[str]) -> None:
+        """Per-request counters and histograms, labelled by base model, variant and strategy."""
         r = self.registry
         self.requests = Counter(
             "specserve_requests", "Finished requests", [*labels, "endpoint"], registry=r
@@ -99,6 +104,16 @@ class Metrics:
             [*labels, "source"],
             registry=r,
         )
+        self.capped_steps = Counter(
+            "specserve_load_capped_steps",
+            "Decode steps whose draft was cut because of the batch's load",
+            labels,
+            registry=r,
+        )
+
+    def _replica_metrics(self) -> None:
+        """What model-server replicas report (`ReplicaStats`) and the store's health."""
+        r = self.registry
         self.adapter_loads = Gauge(
             "specserve_adapter_loads", "Adapter loads", ["base_model", "replica"], registry=r
         )
@@ -133,12 +148,6 @@ class Metrics:
             "reserved; the draft cap load put on the last step (-1: none); since start: decode "
             "steps, rows decoded over them, seconds decoding, prompt tokens and seconds prefilling",
             ["base_model", "replica", "figure"],
-            registry=r,
-        )
-        self.capped_steps = Counter(
-            "specserve_load_capped_steps",
-            "Decode steps whose draft was cut because of the batch's load",
-            labels,
             registry=r,
         )
         self.store_up = Gauge("specserve_store_up", "1 when the registry store answers", registry=r)
@@ -195,18 +204,21 @@ class Metrics:
         `code` tells these apart, e.g. replica_lost)."""
         self.errors.labels(endpoint, "200", code).inc()
 
-    def observe_replica(self, base_model: str, replica: str, stats: dict) -> None:
-        """Adapter and pool-sync figures a model-server replica reported."""
-        self.adapter_loads.labels(base_model, replica).set(stats.get("adapter_loads", 0))
-        self.adapter_evictions.labels(base_model, replica).set(stats.get("adapter_evictions", 0))
-        for figure, key in ADAPTER_FIGURES.items():
-            if key in stats:
-                self.replica_adapters.labels(base_model, replica, figure).set(stats[key])
-        self.replica_ongoing.labels(base_model, replica).set(stats.get("ongoing", 0))
-        self.replica_cancelled.labels(base_model, replica).set(stats.get("cancelled", 0))
-        self.pool_sync_degraded.labels(replica).set(0 if stats.get("pool_sync_ok", True) else 1)
+    def observe_replica(self, base_model: str, replica: str, stats: ReplicaStats) -> None:
+        """Adapter, engine-loop and pool-sync figures a model-server replica reported."""
+        adapters = stats.adapters
+        self.adapter_loads.labels(base_model, replica).set(adapters.loads)
+        self.adapter_evictions.labels(base_model, replica).set(adapters.evictions)
+        for figure in ADAPTER_FIGURES:
+            value = getattr(adapters, figure)
+            if value is not None:
+                self.replica_adapters.labels(base_model, replica, figure).set(value)
+        self.replica_ongoing.labels(base_model, replica).set(stats.ongoing)
+        self.replica_cancelled.labels(base_model, replica).set(stats.cancelled)
+        sync_ok = stats.pools is None or stats.pools.sync_ok
+        self.pool_sync_degraded.labels(replica).set(0 if sync_ok else 1)
         for figure in BATCH_FIGURES:
-            value = stats.get(f"batch_{figure}")
+            value = getattr(stats.batch, figure)
             self.replica_batch.labels(base_model, replica, figure).set(
                 -1 if value is None else value
             )

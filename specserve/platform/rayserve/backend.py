@@ -2,7 +2,7 @@
 multiplexed by variant@version, turning the event dicts a replica yields back into models. A
 replica lost before its first event is retried once (Serve routes around the dead one, or waits
 for its replacement, up to `retry_within_s`); lost later, the stream raises `ReplicaLost`.
-Light to import (the Serve application builder imports it): the service and Ray load on first
+Light to import (the Serve application builder imports it): the service (torch) loads on first
 use."""
 
 from __future__ import annotations
@@ -12,10 +12,14 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
+from ray.serve.exceptions import BackPressureError, ReplicaUnavailableError
+
 from specserve.platform.events import Delta, Done, parse_event
+from specserve.platform.replica_stats import ReplicaStats
 
 if TYPE_CHECKING:
-    from specserve.platform.service import GenerateRequest
+    from specserve.platform.requests import GenerateRequest
 
 log = logging.getLogger(__name__)
 RETRIES_BEFORE_FIRST_EVENT = 1  # a request not started yet is safe to send again
@@ -23,9 +27,6 @@ RETRIES_BEFORE_FIRST_EVENT = 1  # a request not started yet is safe to send agai
 
 def _replica_lost(err: Exception) -> bool:
     """The replica's process or node went away (not an error the model server raised)."""
-    from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
-    from ray.serve.exceptions import ReplicaUnavailableError
-
     return isinstance(
         err, RayActorError | WorkerCrashedError | NodeDiedError | ReplicaUnavailableError
     )
@@ -43,7 +44,7 @@ class ServeBackend:
     async def stream(
         self, base_model: str, request: GenerateRequest
     ) -> AsyncIterator[Delta | Done]:
-        from specserve.platform.service import ReplicaLost
+        from specserve.platform.service import ReplicaLost  # lazy: imports torch (~5 s)
 
         for attempt in range(1, RETRIES_BEFORE_FIRST_EVENT + 2):
             events = self._events(base_model, request)
@@ -75,9 +76,7 @@ class ServeBackend:
     async def _events(
         self, base_model: str, request: GenerateRequest
     ) -> AsyncIterator[Delta | Done]:
-        from ray.serve.exceptions import BackPressureError
-
-        from specserve.platform.backend import Overloaded
+        from specserve.platform.backend import Overloaded  # lazy: imports torch (~5 s)
 
         key = request.target.key
         handle = self.servers[base_model].options(
@@ -99,7 +98,7 @@ class ServeBackend:
         """On one replica Serve picks (the fault suite; ModelServer refuses unless enabled)."""
         return await self.servers[base_model].inject_fault.remote(kind)
 
-    async def replica_stats(self) -> dict[str, dict]:
+    async def replica_stats(self) -> dict[str, ReplicaStats]:
         out = {}
         for model, handle in self.servers.items():
             try:

@@ -13,11 +13,24 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import ray
 from ray import serve
 
+from specserve.adapters.settings import AdapterLimits
+from specserve.platform.api.faults import faults_router
+from specserve.platform.api.metrics import Metrics
+from specserve.platform.batch_compile import BatchCompile
+from specserve.platform.events import Done
+from specserve.platform.faults import inject
 from specserve.platform.rayserve.backend import ServeBackend
+from specserve.platform.rayserve.drain import GatewayDrainWatch
+from specserve.platform.rayserve.jobs import RayJobs
 from specserve.platform.rayserve.stores import platform_stores
+from specserve.platform.replica_stats import PoolStats, ReplicaStats
 from specserve.platform.settings import PlatformSettings
+from specserve.platform.state.pool_sync import PoolSync
+from specserve.platform.state.registry import Registry
+from specserve.policies.settings import PolicySettings
 
 log = logging.getLogger(__name__)
 
@@ -50,23 +63,17 @@ class ModelServer:
     """One base model: loads it, serves its variants through ModelService, syncs n-gram pools."""
 
     def __init__(self, model_id: str, args: dict) -> None:
-        import torch
+        import torch  # lazy: the app builder (`serve run`, `specserve up`) loads no torch (~2 s)
 
-        from specserve.platform.batch_compile import BatchCompile
-        from specserve.platform.serving import build_service, platform_cache_dir
-        from specserve.platform.state.pool_sync import PoolSync
+        from specserve.platform.serving import build_service  # lazy: torch, transformers (~5 s)
 
         settings = PlatformSettings.from_args(args)
         torch.set_num_threads(settings.resolved_torch_threads())
         self.service = build_service(settings, model_id)
-        loaded = self.service.loaded
-        self.dtype = {"dtype": str(loaded.dtype)} | (
-            {"dtype_reason": loaded.dtype_choice.reason} if loaded.dtype_choice else {}
-        )
         _, pool_store = platform_stores(settings)
         self.sync = PoolSync(pool_store, self.service.pools, base_model=model_id).start()
         # the batched forward compiles in the background (minutes on a CPU); eager until warm
-        cache_dir = platform_cache_dir(settings)
+        cache_dir = settings.resolved_cache_dir()
         self.compile = BatchCompile().start(self.service, settings.compile, model_id, cache_dir)
         self.model_id = model_id
         self.stall_s = settings.engine_stall_s
@@ -78,8 +85,7 @@ class ModelServer:
 
     async def generate(self, request: dict) -> AsyncIterator[dict]:
         """The events of ModelService.generate as dicts (`parse_event` reads them back)."""
-        from specserve.platform.events import Done
-        from specserve.platform.service import GenerateRequest
+        from specserve.platform.requests import GenerateRequest  # lazy: imports torch (~5 s)
 
         req = GenerateRequest.model_validate(request)
         if req.target.key is not None:
@@ -104,19 +110,19 @@ class ModelServer:
 
     def inject_fault(self, kind: str) -> str:
         """The fault suite's engine-loop faults (platform/faults.py), only when enabled."""
-        from specserve.platform.faults import inject
-
         if not self.fault_injection:
             raise RuntimeError("fault injection is off (SPECSERVE_FAULT_INJECTION)")
         log.warning("replica %s of %s: injecting %s", self.replica, self.model_id, kind)
         return f"{inject(self.service, kind)} on replica {self.replica}"
 
-    def stats(self) -> dict:
-        health = self.sync.health()
-        stats = self.service.stats() | {"pool_sync_ok": health.get("status") == "ok"}
-        compile_state = {f"compile_{k}": v for k, v in self.compile.state.model_dump().items()}
-        cache_size = {"variant_cache_size": self.service.adapters.capacity}
-        return stats | self.dtype | compile_state | cache_size
+    def stats(self) -> ReplicaStats:
+        """The service's figures, with this replica's Serve cache size, compiled forward and
+        pool sync (a `ReplicaStats` crosses to the gateway as it is)."""
+        stats = self.service.stats()
+        cache = {"variant_cache_size": self.service.adapters.capacity}
+        pools = PoolStats(sync_ok=self.sync.health().get("status") == "ok")
+        update = {"adapters": stats.adapters.model_copy(update=cache), "pools": pools}
+        return stats.model_copy(update=update | {"compile": self.compile.state})
 
     def __del__(self) -> None:
         sync = getattr(self, "sync", None)
@@ -164,16 +170,10 @@ class GatewayDeployment:
     from `__serve_build_asgi_app__`, called after __init__)."""
 
     def __init__(self, args: dict, servers: dict) -> None:
-        from specserve.adapters.settings import AdapterLimits
-        from specserve.platform.api.admin import Admin, admin_router
-        from specserve.platform.api.faults import faults_router
-        from specserve.platform.api.gateway import Gateway, create_app
-        from specserve.platform.api.metrics import Metrics
-        from specserve.platform.rayserve.drain import GatewayDrainWatch
-        from specserve.platform.rayserve.jobs import RayJobs
-        from specserve.platform.serving import base_spec
-        from specserve.platform.state.registry import Registry
-        from specserve.policies.settings import PolicySettings
+        # the app builder (`serve run`, `specserve up`) imports this module without torch
+        from specserve.platform.api.admin import Admin, admin_router  # lazy: torch (~5 s)
+        from specserve.platform.api.gateway import Gateway, create_app  # lazy: torch (~5 s)
+        from specserve.platform.serving import base_spec  # lazy: torch, transformers (~5 s)
 
         settings = PlatformSettings.from_args(args)
         registry_store, _ = platform_stores(settings)
@@ -192,8 +192,6 @@ class GatewayDeployment:
             gateway, admin_router(admin), faults_router(gateway, admin.check)
         )
         self.started = time.time()
-        import ray
-
         replica = serve.get_replica_context().replica_id.unique_id
         node = ray.get_runtime_context().get_node_id()
         self.drain_watch = GatewayDrainWatch(

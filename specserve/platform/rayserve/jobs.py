@@ -11,9 +11,12 @@ import logging
 import threading
 import time
 import traceback
-from pathlib import Path
+
+import ray
 
 from specserve.adapters.variants import VariantKey
+from specserve.platform.rayserve.job_dirs import drafter_dir
+from specserve.platform.rayserve.retrain import RetrainAsk, retrain_from_traffic
 from specserve.platform.rayserve.stores import platform_stores
 from specserve.platform.settings import PlatformSettings
 from specserve.platform.state.registry import (
@@ -24,15 +27,6 @@ from specserve.platform.state.registry import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def drafter_dir(settings: PlatformSettings, key: VariantKey, kind: str, revision: int = 1) -> Path:
-    """Where a variant@version's drafter of `kind` lives: <cache>/drafters/<name>@<version>/<kind>
-    (a retrain's revision n > 1: .../<kind>.r<n>)."""
-    from specserve.platform.serving import platform_cache_dir
-
-    name = kind if revision == 1 else f"{kind}.r{revision}"
-    return platform_cache_dir(settings) / "drafters" / str(key) / name
 
 
 class _ProgressBar:
@@ -68,9 +62,9 @@ def run_drafter_job(
     """Train a `kind` drafter for the variant version `record` (its adapter on its base model,
     loaded as a replica loads it); with `retrain` (a `RetrainAsk`), retrain it from the
     variant's captured traffic."""
-    from specserve.platform.rayserve.retrain import RetrainAsk, retrain_from_traffic
-    from specserve.platform.serving import TargetSettings, load_target
-    from specserve.training.run import DrafterTrainSettings, train_drafter
+    # lazy, both: the gateway (RayJobs) imports this module without torch; the task loads it
+    from specserve.platform.serving import TargetSettings, load_target  # lazy: torch (~5 s)
+    from specserve.training.run import DrafterTrainSettings, train_drafter  # lazy: torch (~5 s)
 
     version = VersionRecord.model_validate(record)
     settings = PlatformSettings.from_args(args)
@@ -131,8 +125,6 @@ class RayJobs:
         self, record: VersionRecord, kind: str, budget_minutes: float | None, retrain=None
     ) -> None:
         """`retrain`: a `RetrainAsk` (retrain from traffic) or None (train)."""
-        import ray
-
         task = ray.remote(run_drafter_job).options(
             num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_retries=0
         )
@@ -142,8 +134,6 @@ class RayJobs:
         )
 
     def cancel(self, key: VariantKey, kind: str) -> None:
-        import ray
-
         ref = self._refs.pop((str(key), kind), None)
         if ref is not None:
             ray.cancel(ref, force=True)

@@ -43,7 +43,8 @@ def confine_to(host: str) -> dict[str, str]:
     if not env:
         return env
     os.environ.update(env)
-    from ray._private import ray_constants  # read the env var at import: maybe before it was set
+    # ray_constants reads the env var at import, which must come after the update above
+    from ray._private import ray_constants  # lazy: imported after os.environ.update
 
     ray_constants.ENABLE_RAY_CLUSTER = False
     return env
@@ -60,7 +61,7 @@ def loopback_address(address: str) -> str:
 def bind_replica_grpc_to_loopback() -> None:
     """worker_process_setup_hook: the Serve replica's gRPC server (bound on "[::]:0" by
     ray.serve._private.replica) binds on 127.0.0.1; idempotent."""
-    from ray.serve._private import replica
+    from ray.serve._private import replica  # lazy: Ray Serve (~3 s); `up`'s tools import this
 
     bind = replica.add_port_to_grpc_server
     if getattr(bind, "specserve_loopback", False):

@@ -10,15 +10,16 @@ import logging
 import shutil
 import time
 import traceback
-import uuid
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specserve.platform.rayserve.job_dirs import drafter_dir, scratch_dir
 from specserve.platform.settings import PlatformSettings
 from specserve.platform.state.records import DrafterStatus, RetrainRecord, RetrainTrigger
 from specserve.platform.state.registry import Registry, UnknownVariant, VersionRecord
 from specserve.platform.state.traffic import TrafficLog
+from specserve.training.traffic import replacement
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def retrain_from_traffic(
         revision=revision, state="running", trigger=ask.trigger, started_at=ask.started_at
     )
     registry.set_drafter(key, status.with_retrain(record))
-    scratch = _scratch_dir(settings, str(key))
+    scratch = scratch_dir(settings, str(key))
     try:
 
         def bar(total, desc):
@@ -78,11 +79,9 @@ def _train_and_compare(
     version, kind, budget_minutes, settings, registry, ask, record, progress_bar, scratch
 ) -> tuple[DrafterStatus, RetrainRecord]:
     """(the status to keep or install, the finished record)."""
-    from specserve.engine.drafters.artifact import load_drafter
-    from specserve.platform.rayserve.jobs import drafter_dir
-    from specserve.platform.serving import TargetSettings, load_target
-    from specserve.training import run
-    from specserve.training.traffic import replacement
+    from specserve.engine.drafters.artifact import load_drafter  # lazy: torch (~5 s)
+    from specserve.platform.serving import TargetSettings, load_target  # lazy: torch (~5 s)
+    from specserve.training import run  # lazy: torch, transformers (~5 s)
 
     key = version.key
     samples = TrafficLog(registry).samples(key.variant)
@@ -113,12 +112,25 @@ def _train_and_compare(
     figures = run.compare_on_traffic(
         model, tokenizer, eos, drafters, recent, train_settings, str(key)
     )
-    replace, reason = replacement(figures.get("current"), figures["candidate"], ask.min_gain)
+    return _verdict(status, record, figures, len(samples), ask.min_gain, out)
+
+
+def _verdict(
+    status: DrafterStatus,
+    record: RetrainRecord,
+    figures: dict,
+    samples: int,
+    min_gain: float,
+    out: Path,
+) -> tuple[DrafterStatus, RetrainRecord]:
+    """Install the candidate at `out` when it beats the current drafter by `min_gain` on the
+    held-out traffic (`figures`: name -> its figures), else remove it: (status, record)."""
+    replace, reason = replacement(figures.get("current"), figures["candidate"], min_gain)
     done = record.model_copy(
         update={
             "state": "replaced" if replace else "kept",
             "reason": reason,
-            "samples": len(samples),
+            "samples": samples,
             "heldout": figures["candidate"].prompts,
             "current": figures.get("current"),
             "candidate": figures["candidate"],
@@ -181,10 +193,3 @@ def next_revision(status: DrafterStatus) -> int:
     tried = [r.revision for r in status.retrains]
     serving = status.revision if status.state == "succeeded" else 0
     return max([serving, *tried]) + 1
-
-
-def _scratch_dir(settings: PlatformSettings, key: str) -> Path:
-    """A directory of this job's own for the traffic's teacher data (removed when it ends)."""
-    from specserve.platform.serving import platform_cache_dir
-
-    return platform_cache_dir(settings) / "traffic-scratch" / f"{key}-{uuid.uuid4().hex[:8]}"

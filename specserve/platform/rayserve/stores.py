@@ -5,19 +5,18 @@ for) one in-cluster MemoryStore in a named Ray actor shared by every replica and
 from __future__ import annotations
 
 from specserve.platform.settings import PlatformSettings
+from specserve.platform.state.embedded import (
+    NoRedisServer,
+    StoreSettings,
+    ray_memory_store,
+    resolve_store,
+)
 from specserve.platform.state.store import Store
 
 
 def platform_stores(settings: PlatformSettings) -> tuple[Store, Store]:
     """(registry store, pool store): the Redis of REDIS_URL / SPECSERVE_POOL_REDIS_URL; with
     `store: memory` the cluster's memory store for both (needs `ray.init()` first)."""
-    from specserve.platform.state.embedded import (
-        NoRedisServer,
-        StoreSettings,
-        ray_memory_store,
-        resolve_store,
-    )
-
     if settings.store == "memory":
         store = ray_memory_store()
         return store, store

@@ -15,7 +15,9 @@ from pathlib import Path
 import yaml
 
 from specserve.paths import config_file
+from specserve.platform.rayserve import loopback
 from specserve.platform.settings import DEPLOYMENT_VARIABLES, EnvVar, PlatformSettings
+from specserve.platform.state.embedded import NoRedisServer, StoreSettings, resolve_store
 
 
 def admin_token_file(cache_dir: Path) -> Path:
@@ -56,8 +58,6 @@ def open_store(settings, cache_dir: Path, log=print):
     """The store `up` runs on, said in one log line with its kind and whether it is durable:
     (Stores to close at the end or None, env for every process of the app). Raises
     `NoRedisServer` (its message says how to get one) when Redis is asked for and none exists."""
-    from specserve.platform.state.embedded import StoreSettings, resolve_store
-
     if settings.store == "memory":
         log(
             "store: memory (in-cluster, durable: no: variants and pools are lost when `up` "
@@ -98,13 +98,11 @@ def up(
     in-flight ones get `shutdown_timeout_s`), then tear down in reverse. `store`: "redis" or
     "memory" over the config's `store` arg. Without a Redis (and no memory store asked for): the
     error, said in the log, and 2 before anything else starts."""
-    import ray
-    from ray import serve
+    # lazy, these three: tools import this module's helpers (paths, config) without Ray
+    import ray  # lazy: Ray (~1 s)
+    from ray import serve  # lazy: Ray Serve (~3 s)
 
-    from specserve.models.provision import pull_model
-    from specserve.platform.rayserve import loopback
-    from specserve.platform.rayserve.deployments import build_app
-    from specserve.platform.state.embedded import NoRedisServer
+    from specserve.platform.rayserve.deployments import build_app  # lazy: Ray Serve (~3 s)
 
     args, deployments, _ = load_serve_config(config)
     if store is not None:
@@ -115,16 +113,8 @@ def up(
     except NoRedisServer as err:
         log(f"error: {err}")
         return 2
-    env = {EnvVar.CACHE: str(cache_dir)} | store_env
-    env[EnvVar.ADMIN_TOKEN] = ensure_admin_token(cache_dir, dict(os.environ))
-    for model in settings.models:
-        if model not in settings.model_dirs:
-            pull_model(model, cache_dir, progress=log)
-    env |= loopback.confine_to(host)  # a loopback --host: every Ray listener on 127.0.0.1
-    os.environ.update(env)
-    for name in DEPLOYMENT_VARIABLES:
-        if os.environ.get(name):
-            env[name] = os.environ[name]
+    _pull_models(settings, cache_dir, log)
+    env = _app_env(cache_dir, host, store_env)
     ray.init(
         num_cpus=num_cpus,
         include_dashboard=False,
@@ -154,6 +144,28 @@ def up(
     return 0
 
 
+def _pull_models(settings: PlatformSettings, cache_dir: Path, log) -> None:
+    """Download (or convert) into the cache each served model not given as a directory."""
+    from specserve.models.provision import pull_model  # lazy: torch, transformers (~4 s)
+
+    for model in settings.models:
+        if model not in settings.model_dirs:
+            pull_model(model, cache_dir, progress=log)
+
+
+def _app_env(cache_dir: Path, host: str, store_env: dict[str, str]) -> dict[str, str]:
+    """The env of every process of the app (also set in this one): the cache, the store, the
+    admin token, loopback confinement and the `DEPLOYMENT_VARIABLES` this shell has."""
+    env = {EnvVar.CACHE: str(cache_dir)} | store_env
+    env[EnvVar.ADMIN_TOKEN] = ensure_admin_token(cache_dir, dict(os.environ))
+    env |= loopback.confine_to(host)  # a loopback --host: every Ray listener on 127.0.0.1
+    os.environ.update(env)
+    for name in DEPLOYMENT_VARIABLES:
+        if os.environ.get(name):
+            env[name] = os.environ[name]
+    return env
+
+
 def _stop_requested(done: threading.Event, give_up: threading.Event, log) -> None:
     """The first SIGINT/SIGTERM drains; a second one stops without waiting."""
     if done.is_set():
@@ -164,7 +176,7 @@ def _stop_requested(done: threading.Event, give_up: threading.Event, log) -> Non
 
 def _drain(timeout_s: float, log, give_up: threading.Event) -> None:
     """Stop admission, let in-flight requests finish (rayserve/drain.py); never blocks the stop."""
-    from specserve.platform.rayserve.drain import drain_platform
+    from specserve.platform.rayserve.drain import drain_platform  # lazy: Ray (~1.5 s)
 
     log(f"stopping: draining (up to {timeout_s:g} s; signal again to stop now)")
     try:

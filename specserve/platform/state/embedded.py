@@ -172,7 +172,7 @@ def ray_memory_store(
     """The in-cluster store without Redis: a `MemoryStore` in one named, detached Ray actor
     (created by the first caller, found by the others), reached through a `CallStore`.
     Needs `ray.init()` first. Its state lives as long as the actor (the Ray cluster)."""
-    import ray
+    import ray  # lazy: Ray (~1 s); `up` and the tools use this module's Redis without Ray
 
     actor = (
         ray.remote(MemoryStore)

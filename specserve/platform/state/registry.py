@@ -26,10 +26,16 @@ from specserve.platform.state.records import (
     VersionRecord,
     check_name,
 )
+from specserve.platform.state.registry_reads import (
+    parse_acceptance,
+    parse_capture,
+    parse_drafters,
+    parse_versions,
+    variant_state,
+)
 from specserve.platform.state.store import Store, StoreError
 from specserve.policies.settings import PolicySettings
 
-ACCEPTANCE_FIELDS = tuple(Acceptance.model_fields)  # tokens, forwards, ..., cost_milli
 _STRATEGY = re.compile(r"[a-z][a-z0-9_]{0,31}")
 # what `Registry.variant` reads
 _PER_VERSION = ("versions", "drafters", "acceptance", "broken", "capture")
@@ -146,7 +152,7 @@ class Registry:
         raw = self.store.hgetall(self._variant_key(name, "versions"))
         if not raw:
             raise UnknownVariant(f"unknown variant {name!r}")
-        return _parse_versions(raw)
+        return parse_versions(raw)
 
     def get(self, name: str, version: int | None = None) -> VersionRecord:
         """One version of `name` (the current one by default); UnknownVariant if absent."""
@@ -165,7 +171,7 @@ class Registry:
         key = VariantKey.parse(text) if "@" in text else None
         name = key.variant if key else check_name(text)
         raws = self.store.hgetall_many([self._variant_key(name, w) for w in _PER_VERSION])
-        state = _state(name, self.override(name), key.version if key else None, *raws)
+        state = variant_state(name, self.override(name), key.version if key else None, *raws)
         if state is None:
             raise UnknownVariant(
                 f"unknown variant version {key}" if key else f"unknown variant {name!r}"
@@ -181,7 +187,7 @@ class Registry:
         raw = self.store.hgetall_many([self._variant_key(n, "versions") for n in names])
         overrides = self.overrides()
         return [
-            VariantInfo(name=n, versions=_parse_versions(found), override=overrides.get(n))
+            VariantInfo(name=n, versions=parse_versions(found), override=overrides.get(n))
             for n, found in zip(names, raw, strict=True)
             if found
         ]
@@ -199,7 +205,7 @@ class Registry:
         raws, w = self.store.hgetall_many(keys) if chosen else [], len(_PER_VERSION)
         overrides = self.overrides() if chosen else {}
         states = [
-            _state(n, overrides.get(n), None, *raws[w * i : w * i + w])
+            variant_state(n, overrides.get(n), None, *raws[w * i : w * i + w])
             for i, n in enumerate(chosen)
         ]
         found = [s for s in states if s is not None]  # deleted since the names were read
@@ -247,7 +253,7 @@ class Registry:
 
     def drafters(self, key: VariantKey) -> dict[str, DrafterStatus]:
         """kind -> status of every drafter of `key`."""
-        return _drafters(key, self.store.hgetall(self._variant_key(key.variant, "drafters")))
+        return parse_drafters(key, self.store.hgetall(self._variant_key(key.variant, "drafters")))
 
     # -- traffic capture
     def set_capture(self, name: str, settings: CaptureSettings) -> CaptureSettings:
@@ -265,7 +271,7 @@ class Registry:
     def capture(self, name: str) -> CaptureSettings:
         """`name`'s capture settings (off unless an admin turned it on)."""
         raw = self.store.hgetall(self._variant_key(check_name(name), "capture"))
-        return _capture(raw)
+        return parse_capture(raw)
 
     # -- acceptance
     def record_acceptance(
@@ -301,7 +307,9 @@ class Registry:
 
     def acceptance(self, key: VariantKey) -> dict[str, Acceptance]:
         """strategy -> accumulated figures on `key`."""
-        return _acceptance(key, self.store.hgetall(self._variant_key(key.variant, "acceptance")))
+        return parse_acceptance(
+            key, self.store.hgetall(self._variant_key(key.variant, "acceptance"))
+        )
 
     # -- policy
     def set_override(self, name: str, strategy: str | None) -> None:
@@ -328,62 +336,3 @@ class Registry:
         """The stored policy settings; None if an admin never set them."""
         body = self.store.get(self._settings)
         return PolicySettings.model_validate_json(body) if body else None
-
-
-def _parse_versions(raw: dict[str, str]) -> list[VersionRecord]:
-    return sorted(
-        (VersionRecord(**json.loads(body), version=int(v)) for v, body in raw.items()),
-        key=lambda r: r.version,
-    )
-
-
-def _drafters(key: VariantKey, raw: dict[str, str]) -> dict[str, DrafterStatus]:
-    prefix = f"{key.version}:"
-    return {
-        f[len(prefix) :]: DrafterStatus.model_validate_json(body)
-        for f, body in sorted(raw.items())
-        if f.startswith(prefix)
-    }
-
-
-def _capture(raw: dict[str, str]) -> CaptureSettings:
-    """Capture settings from the capture map: on only while its "enabled" guard is there."""
-    settings = CaptureSettings.model_validate_json(raw["settings"]) if "settings" in raw else None
-    settings = settings or CaptureSettings()
-    return settings.model_copy(update={"enabled": "enabled" in raw})
-
-
-def _acceptance(key: VariantKey, raw: dict[str, str]) -> dict[str, Acceptance]:
-    figures: dict[str, dict[str, int]] = {}
-    for f, value in raw.items():
-        version, strategy, name = f.split(":", 2)
-        if version == str(key.version) and name in ACCEPTANCE_FIELDS:
-            figures.setdefault(strategy, {})[name] = int(value)
-    return {s: Acceptance(**v) for s, v in sorted(figures.items())}
-
-
-def _state(
-    name: str,
-    override: str | None,
-    version: int | None,
-    versions: dict[str, str],
-    drafters: dict[str, str],
-    acceptance: dict[str, str],
-    broken: dict[str, str],
-    capture: dict[str, str],
-) -> VariantState | None:
-    """A VariantState from the raw hashes of one variant (None: no such variant or version)."""
-    records = _parse_versions(versions)
-    if not records or (version is not None and str(version) not in versions):
-        return None
-    key = VariantKey(name, records[-1].version if version is None else version)
-    return VariantState(
-        name=name,
-        versions=records,
-        override=override,
-        version=key.version,
-        drafters=_drafters(key, drafters),
-        acceptance=_acceptance(key, acceptance),
-        broken={int(v): why for v, why in broken.items()},
-        capture=_capture(capture),
-    )

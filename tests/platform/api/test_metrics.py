@@ -1,5 +1,7 @@
+from specserve.engine.batch_stats import BatchStats
 from specserve.platform.api.metrics import Metrics
 from specserve.platform.events import Done, DoneInfo, Usage
+from specserve.platform.replica_stats import AdapterFigures, Numerics, PoolStats, ReplicaStats
 
 
 def _done(variant, strategy="lookahead"):
@@ -53,25 +55,60 @@ def test_separate_instances_do_not_share_state():
     assert "model_not_found" in a.render().decode() and "model_not_found" not in b.render().decode()
 
 
+def _replica_stats(**update) -> ReplicaStats:
+    batch = BatchStats(
+        waiting=3,
+        prefilling=1,
+        decoding=16,
+        kv_reserved_tokens=5000,
+        kv_columns=6000,
+        steps=44,
+        decode_steps=40,
+        decode_rows=600,
+        decode_seconds=6.5,
+        prefill_tokens=900,
+        shared_prefill_tokens=0,
+        prefill_seconds=1.25,
+        calls_seconds=0.5,
+        draft_cap=None,
+    )
+    adapters = AdapterFigures(
+        resident=2, resident_bytes=10, budget_bytes=40, loads=5, evictions=3, load_seconds_total=1
+    )
+    numerics = Numerics(dtype="torch.float32", invariant=False, invariant_reason="test")
+    stats = ReplicaStats(ongoing=7, cancelled=1, batch=batch, adapters=adapters, numerics=numerics)
+    return stats.model_copy(update=update)
+
+
 def test_replica_batch_figures_render():
     m = Metrics()
-    stats = {
-        "batch_waiting": 3,
-        "batch_decoding": 16,
-        "batch_prefilling": 1,
-        "batch_kv_reserved_tokens": 5000,
-        "batch_draft_cap": None,
-        "batch_decode_steps": 40,
-        "batch_decode_seconds": 6.5,
-    }
-    m.observe_replica("smol", "r1", stats)
+    m.observe_replica("smol", "r1", _replica_stats())
     text = m.render().decode()
     assert 'specserve_replica_batch{base_model="smol",figure="decoding",replica="r1"} 16.0' in text
     assert 'specserve_replica_batch{base_model="smol",figure="waiting",replica="r1"} 3.0' in text
     assert 'specserve_replica_batch{base_model="smol",figure="draft_cap",replica="r1"} -1.0' in text
     assert 'figure="decode_steps",replica="r1"} 40.0' in text
     assert 'figure="decode_seconds",replica="r1"} 6.5' in text
-    assert 'figure="prefill_tokens",replica="r1"} -1.0' in text  # not reported: unknown
+    assert 'figure="prefill_tokens",replica="r1"} 900.0' in text
+
+
+def test_replica_adapter_and_pool_figures_render():
+    m = Metrics()
+    m.observe_replica("smol", "r1", _replica_stats())  # no Serve cache, no pool sync: local
+    text = m.render().decode()
+    assert (
+        'specserve_replica_adapters{base_model="smol",figure="resident",replica="r1"} 2.0' in text
+    )
+    assert 'figure="variant_cache_size"' not in text
+    assert 'specserve_adapter_evictions{base_model="smol",replica="r1"} 3.0' in text
+    assert 'specserve_pool_sync_degraded{replica="r1"} 0.0' in text
+    adapters = _replica_stats().adapters.model_copy(update={"variant_cache_size": 4})
+    m.observe_replica(
+        "smol", "r2", _replica_stats(adapters=adapters, pools=PoolStats(sync_ok=False))
+    )
+    text = m.render().decode()
+    assert 'figure="variant_cache_size",replica="r2"} 4.0' in text
+    assert 'specserve_pool_sync_degraded{replica="r2"} 1.0' in text
 
 
 def test_accepted_tokens_by_source_render_and_stay_out_of_the_response_when_empty():

@@ -12,7 +12,8 @@ from ray.exceptions import ActorDiedError
 from specserve.engine.sampling import SamplingParams
 from specserve.platform.events import Delta
 from specserve.platform.rayserve.backend import ServeBackend
-from specserve.platform.service import GenerateRequest, ReplicaLost, Target
+from specserve.platform.requests import GenerateRequest, Target
+from specserve.platform.service import ReplicaLost
 
 DELTA = Delta(text="hi", token_ids=[1])
 DONE = done_event()

@@ -5,7 +5,9 @@ its adapter (routing itself is pinned on a local Ray by tests/e2e/test_multiplex
 from __future__ import annotations
 
 import asyncio
+import pickle
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec
 from specserve.adapters.variants import PoolBook
 from specserve.models.load import load_model
+from specserve.platform.batch_compile import BatchCompile
 from specserve.platform.rayserve import deployments
 from specserve.platform.service import ModelService
 from specserve.platform.serving import resident_adapters
@@ -69,3 +72,15 @@ def test_check_health_raises_once_the_engine_loop_is_dead(service, monkeypatch):
     service.scheduler._thread.join(timeout=10)
     with pytest.raises(RuntimeError, match="tiny: engine loop thread is dead"):
         server.check_health()
+
+
+def test_stats_add_the_replicas_serve_cache_compile_state_and_pool_sync(service):
+    """What crosses the Ray boundary to the gateway: a ReplicaStats, picklable as it is."""
+    server = object.__new__(deployments.ModelServer.func_or_class)
+    server.service, server.compile = service, BatchCompile()
+    server.sync = SimpleNamespace(health=lambda: {"status": "degraded"}, stop=lambda: None)
+    stats = pickle.loads(pickle.dumps(server.stats()))
+    assert stats.adapters.variant_cache_size == service.adapters.capacity == 2
+    assert stats.compile.status == "off" and stats.pools.sync_ok is False
+    assert stats.batch.waiting == 0 and stats.numerics.dtype == "torch.float32"
+    assert service.stats().pools is None and service.stats().compile is None

@@ -18,7 +18,8 @@ from specserve.platform.api.admin import Admin, admin_router
 from specserve.platform.api.gateway import Gateway, create_app
 from specserve.platform.api.metrics import Metrics
 from specserve.platform.backend import LocalBackend
-from specserve.platform.rayserve.jobs import ThreadJobs, drafter_dir
+from specserve.platform.rayserve.job_dirs import drafter_dir
+from specserve.platform.rayserve.jobs import ThreadJobs
 from specserve.platform.settings import PlatformSettings
 from specserve.platform.state.registry import Registry
 from specserve.policies.settings import PolicySettings
