@@ -26,7 +26,7 @@ from specserve.engine.decode import Engine, RequestState
 from specserve.engine.lora import BASE_ADAPTER
 from specserve.engine.prompts import encode_messages, encode_prompt
 from specserve.engine.proposers import DRAFTER_KINDS, REGISTRY
-from specserve.engine.sampling import SamplingParams
+from specserve.engine.sampling import ChoiceCount, SamplingParams
 from specserve.engine.scheduler import BatchSettings, EngineDead, QueueFull, Scheduler
 from specserve.platform.events import Delta, Done, DoneInfo, Usage, decoded_logprobs
 from specserve.platform.speed import request_cost
@@ -49,7 +49,6 @@ class ReplicaLost(Exception):
     backend; the gateway ends the response with an error, or retries one that has not started)."""
 
 
-MAX_CHOICES = 16  # n per request (each choice is a batch row)
 SPECULATION_ALIASES = {"off": "ar"}  # a request's `speculation` value -> the strategy it names
 
 
@@ -99,7 +98,7 @@ class GenerateRequest(BaseModel):
         description="the strategy the client asked for, one of `speculation_values(target)` "
         "(`off`: plain ar); None: the policy decides",
     )
-    n: int = Field(1, ge=1, le=MAX_CHOICES, description="choices, sharing one prefill")
+    n: ChoiceCount = 1
 
     @field_validator("speculation")
     @classmethod

@@ -97,27 +97,17 @@ class Gateway:
         self.traffic.flush()
 
     def sampling(self, req: CompletionRequest | ChatCompletionRequest) -> SamplingParams:
-        max_tokens = req.max_tokens or self.settings.default_max_tokens
-        if max_tokens > self.settings.max_tokens:
+        """The request's engine settings, its max_tokens within this server's cap."""
+        params = req.to_sampling(self.settings.default_max_tokens)
+        if params.max_new_tokens > self.settings.max_tokens:
             raise ApiError(
                 400,
-                f"max_tokens {max_tokens} exceeds this server's cap of {self.settings.max_tokens}",
+                f"max_tokens {params.max_new_tokens} exceeds this server's cap of "
+                f"{self.settings.max_tokens}",
                 param="max_tokens",
                 code="max_tokens_too_large",
             )
-        return SamplingParams(
-            max_new_tokens=max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
-            seed=req.seed,
-            stop=req.stop or [],
-            ignore_eos=req.ignore_eos,
-            presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
-            logit_bias=req.token_bias(),
-            logprobs=req.logprobs_count(),
-        )
+        return params
 
     def inflight_total(self) -> int:
         """Requests admitted and not yet answered, from any thread. `admitting` is read first:

@@ -2,15 +2,37 @@
 unsupported values, bad types: a 400 naming the field as OpenAI does, `messages[0].content`);
 `ApiError` is an OpenAI error body carrying the request id, `registry_unavailable` and
 `internal_error` the ones any route may answer; `short_message` is what a client may see of an
-exception (its underlying cause's first line, no traceback, ANSI codes, pid or address).
+exception (its underlying cause's first line, no traceback, ANSI codes, pid or address). The
+sampling fields reuse the engine's rules (engine/sampling.py); `to_sampling()` is the engine's view.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from specserve.engine.sampling import (
+    ChoiceCount,
+    LogitBias,
+    Penalty,
+    SamplingParams,
+    Temperature,
+    TokenCount,
+    TopK,
+    TopLogprobs,
+    TopP,
+)
 
 
 class ApiError(Exception):
@@ -137,6 +159,28 @@ class StreamOptions(BaseModel):
     )
 
 
+_LOGIT_BIAS = TypeAdapter(LogitBias)
+
+
+def _token_bias(value: object) -> object:
+    """`logit_bias` as JSON sends it (token ids as digit strings) -> the engine's `LogitBias`,
+    checked as a whole so that an error names `logit_bias` rather than one of its keys."""
+    if not isinstance(value, dict):
+        return value
+    if not all(isinstance(token, str) and token.isdigit() for token in value):
+        raise ValueError("logit_bias: token ids are digit strings")
+    try:
+        return _LOGIT_BIAS.validate_python({int(token): bias for token, bias in value.items()})
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = "".join(f" token {part}:" for part in first["loc"] if isinstance(part, int))
+        raise ValueError(f"logit_bias:{where} {first['msg']}") from None
+
+
+OpenAITemperature = Annotated[Temperature, Field(le=2.0)]  # OpenAI's range within the engine's
+CompletionTopLogprobs = Annotated[TopLogprobs, Field(le=5)]  # the legacy endpoint's limit
+
+
 class _Common(BaseModel):
     """Sampling fields shared by both endpoints (OpenAI defaults; top_k and ignore_eos as in
     vLLM; `speculation` is specserve's own, checked against the variant by `GenerateRequest`)."""
@@ -144,19 +188,19 @@ class _Common(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)
-    n: int = Field(1, ge=1, le=16)  # choices sharing one prefill; usage counts the prompt once
+    max_tokens: TokenCount | None = None
+    temperature: OpenAITemperature = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    n: ChoiceCount = 1  # usage counts the prompt once
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
     user: str | None = None
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in -100..100
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: Annotated[LogitBias | None, BeforeValidator(_token_bias)] = None
     ignore_eos: bool = False
     speculation: str | None = Field(
         None,
@@ -175,22 +219,26 @@ class _Common(BaseModel):
             raise ValueError("stop: up to 4 non-empty strings")
         return stops
 
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias(cls, v):
-        bad = [t for t, b in (v or {}).items() if not t.isdigit() or not -100.0 <= b <= 100.0]
-        if bad or len(v or {}) > 300:
-            raise ValueError("logit_bias: at most 300 token ids (digits) to biases in -100..100")
-        return v
+    def logprobs_count(self) -> int | None:
+        """The top candidates to report per token; None: no logprobs."""
+        raise NotImplementedError
 
-    def token_bias(self) -> dict[int, float]:
-        return {int(token): bias for token, bias in (self.logit_bias or {}).items()}
+    def to_sampling(self, default_max_tokens: int) -> SamplingParams:
+        """The engine's settings for this request: every field `SamplingParams` names alike
+        (temperature, penalties, logit_bias...), then `max_tokens` (`default_max_tokens` where the
+        request sets none) and the logprobs asked for."""
+        same = self.model_dump(include=_SAME_NAMED, exclude_none=True)
+        limit = self.max_tokens or default_max_tokens
+        return SamplingParams(**same, max_new_tokens=limit, logprobs=self.logprobs_count())
+
+
+_SAME_NAMED = SamplingParams.model_fields.keys() & _Common.model_fields.keys()
 
 
 class CompletionRequest(_Common):
     prompt: str | list[str]
     echo: Literal[False] = False
-    logprobs: int | None = Field(None, ge=0, le=5, description="top candidates per token")
+    logprobs: CompletionTopLogprobs | None = None
     best_of: Literal[1] | None = None
     suffix: None = None
 
@@ -237,7 +285,7 @@ class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: TopLogprobs | None = None
     response_format: ResponseFormat | None = None
 
     @field_validator("top_logprobs")

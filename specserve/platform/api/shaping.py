@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 
 from specserve.platform.api.drain import ShuttingDown, shutting_down_error
 from specserve.platform.api.openai_api import ApiError
-from specserve.platform.events import Delta, Done, TokenLogprob, Usage
+from specserve.platform.events import Delta, Done, DecodedLogprob, Usage
 from specserve.platform.service import ReplicaLost
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class Reply:
         self,
         text: str,
         finish_reason: str | None,
-        logprobs: list[TokenLogprob] | None = None,
+        logprobs: list[DecodedLogprob] | None = None,
         index: int = 0,
     ) -> dict:
         """A stream chunk's choice; `logprobs`: those of the delta's tokens (when asked)."""
@@ -128,7 +128,7 @@ class Reply:
         self,
         text: str,
         finish_reason: str,
-        logprobs: list[TokenLogprob] | None = None,
+        logprobs: list[DecodedLogprob] | None = None,
         index: int = 0,
     ) -> dict:
         """The whole response's choice; `logprobs`: every completion token's (when asked)."""
@@ -140,7 +140,7 @@ class Reply:
         return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": shaped}
 
     @staticmethod
-    def _chat_logprobs(logprobs: list[TokenLogprob] | None) -> dict:
+    def _chat_logprobs(logprobs: list[DecodedLogprob] | None) -> dict:
         """Chat's `logprobs` entry: {"content": [{token, logprob, bytes, top_logprobs}]}; no
         entry unless asked (the shape stays as before)."""
         if logprobs is None:
@@ -151,7 +151,7 @@ class Reply:
         return {"logprobs": {"content": content}}
 
     def _completion_logprobs(
-        self, logprobs: list[TokenLogprob] | None, index: int = 0
+        self, logprobs: list[DecodedLogprob] | None, index: int = 0
     ) -> dict | None:
         """The legacy completions object: tokens, token_logprobs, top_logprobs (the top candidates
         and the chosen token, text -> logprob), text_offset (into the completion text, counted
@@ -181,7 +181,7 @@ async def collect(
     """The whole response (its `reply.n` choices); stops the decode if the client disconnects.
     A model server failing after the first event raises ApiError 503 (`stream_failure`)."""
     parts: dict[int, list[str]] = {i: [] for i in range(reply.n)}
-    logprobs: dict[int, list[TokenLogprob] | None] = dict.fromkeys(range(reply.n))
+    logprobs: dict[int, list[DecodedLogprob] | None] = dict.fromkeys(range(reply.n))
     dones: dict[int, Done] = {}
     event = first
     while True:
@@ -282,7 +282,7 @@ def _logprob(value: float) -> float:
     return max(value, LOGPROB_FLOOR)  # JSON has no -inf
 
 
-def _top_by_text(lp: TokenLogprob) -> dict[str, float]:
+def _top_by_text(lp: DecodedLogprob) -> dict[str, float]:
     """text -> logprob of the top candidates, most likely first, then the chosen token if it is
     not among them (a text two ids decode to keeps the likelier)."""
     out: dict[str, float] = {}
