@@ -27,7 +27,9 @@ LogitBias = Annotated[
     Field(max_length=MAX_BIASED_TOKENS, description="token id -> bias added to its logit"),
 ]
 TopLogprobs = Annotated[int, Field(ge=0, le=20, description="top candidates reported per token")]
-ChoiceCount = Annotated[int, Field(ge=1, le=MAX_CHOICES, description="choices, sharing one prefill")]
+ChoiceCount = Annotated[
+    int, Field(ge=1, le=MAX_CHOICES, description="choices, sharing one prefill")
+]
 
 
 class SamplingParams(BaseModel):

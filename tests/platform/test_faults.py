@@ -14,8 +14,9 @@ from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.variants import PoolBook
 from specserve.models.load import load_model
 from specserve.platform.api.faults import faults_router
-from specserve.platform.api.gateway import Gateway, create_app
+from specserve.platform.api.gateway import Gateway
 from specserve.platform.api.metrics import Metrics
+from specserve.platform.api.routes import create_app
 from specserve.platform.backend import LocalBackend
 from specserve.platform.faults import inject
 from specserve.platform.service import ModelService

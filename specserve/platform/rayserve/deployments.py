@@ -167,8 +167,9 @@ class GatewayDeployment:
         from specserve.adapters.settings import AdapterLimits
         from specserve.platform.api.admin import Admin, admin_router
         from specserve.platform.api.faults import faults_router
-        from specserve.platform.api.gateway import Gateway, create_app
+        from specserve.platform.api.gateway import Gateway
         from specserve.platform.api.metrics import Metrics
+        from specserve.platform.api.routes import create_app
         from specserve.platform.rayserve.drain import GatewayDrainWatch
         from specserve.platform.rayserve.jobs import RayJobs
         from specserve.platform.serving import base_spec
