@@ -102,7 +102,7 @@ def test_ray_wrapped_refusal_is_short_and_names_the_prompt(caplog):
     wrapped = ray_wrapped(ValueError(TOO_LONG))
     assert LEAKS.search(str(wrapped))  # the test's error does carry everything
     client = _client(FakeBackend(wrapped))
-    with caplog.at_level(logging.INFO, logger="specserve.platform.api.gateway"):
+    with caplog.at_level(logging.INFO, logger="specserve.platform.api.refusals"):
         chat = _chat(client, headers={"x-request-id": "trace-7"})
     assert chat.status_code == 400 and chat.headers["x-request-id"] == "trace-7"
     error = _assert_clean(chat)
