@@ -75,7 +75,7 @@ def test_fault_route_is_off_unless_enabled_and_needs_the_admin_token(service, en
 
     def check(request: Request):
         if request.headers.get("authorization") != "Bearer t":
-            from specserve.platform.api.openai_api import ApiError
+            from specserve.platform.api.errors import ApiError
 
             raise ApiError(401, "no", "authentication_error", code="missing_token")
 

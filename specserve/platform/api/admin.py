@@ -3,7 +3,7 @@ read/change policy settings, start/follow/cancel drafter training, traffic captu
 from traffic (admin_traffic.py). 401 without a token, 403 wrong;
 a variant may not take a served model's name; a version serves a frozen copy of the validated
 adapter (adapters/content.py), never its source; the list is paged (`limit`, `after`; `has_more`,
-`first_id`, `last_id`). A store outage answers 503 registry_unavailable (routes.py's handler).
+`first_id`, `last_id`). A store outage answers 503 registry_unavailable (middleware.py's handler).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from specserve.adapters.validate import BaseModelSpec, validate_adapter
 from specserve.adapters.variants import VariantKey
 from specserve.engine.proposers import REGISTRY
 from specserve.platform.api.admin_traffic import TrafficAdmin, add_traffic_routes
-from specserve.platform.api.openai_api import RETRY_LATER, ApiError
+from specserve.platform.api.errors import RETRY_LATER, ApiError
 from specserve.platform.rayserve.retrain import RetrainAsk
 from specserve.platform.state.records import DrafterStatus, VariantSpec, VariantState
 from specserve.platform.state.registry import MAX_PAGE, Registry, UnknownVariant

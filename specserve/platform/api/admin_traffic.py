@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from fastapi import APIRouter
 
-from specserve.platform.api.openai_api import ApiError
+from specserve.platform.api.errors import ApiError
 from specserve.platform.rayserve.retrain import RetrainAsk, next_revision
 from specserve.platform.state.records import (
     CaptureSettings,

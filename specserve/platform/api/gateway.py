@@ -20,14 +20,10 @@ from specserve.engine.sampling import SamplingParams
 from specserve.platform.api.acceptance import AcceptanceRecorder
 from specserve.platform.api.catalog import Catalog, ModelList
 from specserve.platform.api.drain import Drain
+from specserve.platform.api.errors import ApiError, validation_error
 from specserve.platform.api.metrics import Metrics
 from specserve.platform.api.middleware import request_id
-from specserve.platform.api.openai_api import (
-    ApiError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    validation_error,
-)
+from specserve.platform.api.openai_api import ChatCompletionRequest, CompletionRequest
 from specserve.platform.api.refusals import (
     BROKEN_REASON,
     DIGEST_MISMATCH,

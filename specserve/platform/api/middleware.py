@@ -16,13 +16,13 @@ from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from specserve.platform.api.metrics import Metrics
-from specserve.platform.api.openai_api import (
+from specserve.platform.api.errors import (
     ApiError,
     internal_error,
     registry_unavailable,
     validation_error,
 )
+from specserve.platform.api.metrics import Metrics
 from specserve.platform.state.store import StoreError
 
 log = logging.getLogger(__name__)

@@ -10,13 +10,8 @@ import logging
 from collections.abc import AsyncIterator
 
 from specserve.adapters.errors import AdapterCapacityError, AdapterError
-from specserve.platform.api.openai_api import (
-    ApiError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    short_message,
-    underlying,
-)
+from specserve.platform.api.errors import ApiError, short_message, underlying
+from specserve.platform.api.openai_api import ChatCompletionRequest, CompletionRequest
 from specserve.platform.api.shaping import stream_failure
 from specserve.platform.backend import Overloaded
 from specserve.platform.events import Delta, Done

@@ -11,14 +11,10 @@ import asyncio
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from specserve.platform.api.errors import MODEL_LIST_ERRORS, MODEL_ROUTE_ERRORS
 from specserve.platform.api.gateway import Gateway
 from specserve.platform.api.middleware import BodyLimit, RequestIds, add_error_handlers
-from specserve.platform.api.openai_api import (
-    MODEL_LIST_ERRORS,
-    MODEL_ROUTE_ERRORS,
-    ChatCompletionRequest,
-    CompletionRequest,
-)
+from specserve.platform.api.openai_api import ChatCompletionRequest, CompletionRequest
 from specserve.platform.api.resolve import bearer
 
 STALE_HEADER = "x-specserve-stale"  # "true" on a model list served from cache, the store down

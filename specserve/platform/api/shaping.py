@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from specserve.platform.api.drain import ShuttingDown, shutting_down_error
-from specserve.platform.api.openai_api import ApiError
+from specserve.platform.api.errors import ApiError
 from specserve.platform.api.responses import (
     AssistantMessage,
     ChatChoice,

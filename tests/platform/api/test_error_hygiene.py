@@ -15,9 +15,9 @@ from fastapi.testclient import TestClient
 from ray.exceptions import RayTaskError
 
 from specserve.adapters.errors import MissingAdapterFileError
+from specserve.platform.api.errors import field_param, short_message
 from specserve.platform.api.gateway import Gateway
 from specserve.platform.api.metrics import Metrics
-from specserve.platform.api.openai_api import field_param, short_message
 from specserve.platform.api.routes import create_app
 from specserve.platform.events import Delta, Done
 from specserve.platform.service import Overloaded
