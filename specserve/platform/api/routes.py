@@ -16,9 +16,18 @@ from specserve.platform.api.gateway import Gateway
 from specserve.platform.api.middleware import BodyLimit, RequestIds, add_error_handlers
 from specserve.platform.api.openai_api import ChatCompletionRequest, CompletionRequest
 from specserve.platform.api.resolve import bearer
+from specserve.platform.api.responses import ChatCompletion, TextCompletion
 
 STALE_HEADER = "x-specserve-stale"  # "true" on a model list served from cache, the store down
 HEALTH_ERRORS = {503: {"description": "`status: draining`: this gateway is shutting down"}}
+
+
+def _answered(model: type, chunk: str) -> dict:
+    """The OpenAPI 200 of a model route: `model` as JSON, or with `stream` its chunks."""
+    description = (
+        f"the response; with `stream`: server-sent events, each a `{chunk}`, then `[DONE]`"
+    )
+    return {200: {"model": model, "description": description}}
 
 
 def create_app(gateway: Gateway, *routers) -> FastAPI:
@@ -40,11 +49,14 @@ def create_app(gateway: Gateway, *routers) -> FastAPI:
 def openai_router(gateway: Gateway) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/v1/completions", responses=MODEL_ROUTE_ERRORS)
+    completion = _answered(TextCompletion, "TextCompletionChunk") | MODEL_ROUTE_ERRORS
+    chat = _answered(ChatCompletion, "ChatCompletionChunk") | MODEL_ROUTE_ERRORS
+
+    @router.post("/v1/completions", responses=completion)
     async def completions(body: CompletionRequest, request: Request):
         return await gateway.run("completions", body, request)
 
-    @router.post("/v1/chat/completions", responses=MODEL_ROUTE_ERRORS)
+    @router.post("/v1/chat/completions", responses=chat)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await gateway.run("chat", body, request)
 
