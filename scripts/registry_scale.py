@@ -90,8 +90,9 @@ def run(kind: str, variants: int, calls: int, seed: int, freeze: bool) -> list[t
     from specserve.adapters.settings import AdapterLimits
     from specserve.cli import main as cli_main
     from specserve.platform.api.admin import Admin, admin_router
-    from specserve.platform.api.gateway import Gateway, create_app
+    from specserve.platform.api.gateway import Gateway
     from specserve.platform.api.metrics import Metrics
+    from specserve.platform.api.routes import create_app
     from specserve.platform.backend import LocalBackend
     from specserve.platform.settings import PlatformSettings
     from specserve.platform.state.registry import Registry, VariantSpec

@@ -1,13 +1,35 @@
-"""Sampling parameters and the pure map from target logits to the distribution we sample from.
-
-Temperature 0 means greedy. The same processed distribution is used for plain sampling and for
-lossless speculative acceptance, so speculation reproduces exactly this distribution.
+"""Sampling parameters, the one definition of each sampling rule (`Penalty`, `LogitBias`,
+`ChoiceCount`...: annotated types the OpenAI request models reuse), and the pure map from target
+logits to the distribution we sample from. Temperature 0 means greedy. The same processed
+distribution is used for plain sampling and for lossless speculative acceptance, so speculation
+reproduces exactly this distribution.
 """
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_CHOICES = 16  # n per request (each choice is a batch row, sharing one prefill)
+MAX_BIASED_TOKENS = 300
+
+TokenCount = Annotated[int, Field(ge=1)]  # tokens to generate
+Temperature = Annotated[float, Field(ge=0.0, description="0: greedy")]
+TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+TopK = Annotated[int, Field(ge=0, description="0 disables top-k")]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]  # presence / frequency, as OpenAI's
+TokenId = Annotated[int, Field(ge=0)]
+Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
+LogitBias = Annotated[
+    dict[TokenId, Bias],
+    Field(max_length=MAX_BIASED_TOKENS, description="token id -> bias added to its logit"),
+]
+TopLogprobs = Annotated[int, Field(ge=0, le=20, description="top candidates reported per token")]
+ChoiceCount = Annotated[
+    int, Field(ge=1, le=MAX_CHOICES, description="choices, sharing one prefill")
+]
 
 
 class SamplingParams(BaseModel):
@@ -15,26 +37,19 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_new_tokens: int = Field(128, gt=0)
-    temperature: float = Field(0.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, description="0 disables top-k")
+    max_new_tokens: TokenCount = 128
+    temperature: Temperature = 0.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
     seed: int | None = None
     stop: list[str] = Field(default_factory=list)
     ignore_eos: bool = False
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[int, float] = Field(default_factory=dict, description="token id -> bias")
-    logprobs: int | None = Field(
-        None, ge=0, le=20, description="report logprobs + this many top candidates per token"
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: LogitBias = Field(default_factory=dict)
+    logprobs: TopLogprobs | None = Field(
+        None, description="report logprobs + this many top candidates per token"
     )
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias(cls, v: dict[int, float]) -> dict[int, float]:
-        if len(v) > 300 or any(t < 0 or not -100.0 <= b <= 100.0 for t, b in v.items()):
-            raise ValueError("logit_bias: at most 300 token ids >= 0, biases in -100..100")
-        return v
 
     @property
     def greedy(self) -> bool:

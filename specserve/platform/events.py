@@ -24,9 +24,10 @@ class TopToken(_Event):
     logprob: float
 
 
-class TokenLogprob(_Event):
-    """A committed token's logprob under the distribution it was drawn from (engine/logprobs.py)
-    and the position's most likely candidates, most likely first."""
+class DecodedLogprob(_Event):
+    """The engine's `TokenLogprob` (engine/logprobs.py: a committed token's logprob under the
+    distribution it was drawn from, and the position's most likely candidates, most likely first)
+    with the text of each token, as the gateway reports it."""
 
     token: str
     token_id: int
@@ -43,7 +44,7 @@ class Delta(_Event):
     text: str
     token_ids: list[int]
     index: int = Field(0, ge=0, exclude_if=lambda v: v == 0)  # the choice (n > 1)
-    logprobs: list[TokenLogprob] | None = Field(None, exclude_if=lambda v: v is None)
+    logprobs: list[DecodedLogprob] | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class Usage(_Event):
@@ -95,7 +96,7 @@ class Done(_Event):
         return self.model_copy(update={"specserve": info})
 
 
-def decoded_logprobs(logprobs, piece: Callable[[int], str]) -> list[TokenLogprob] | None:
+def decoded_logprobs(logprobs, piece: Callable[[int], str]) -> list[DecodedLogprob] | None:
     """The engine's logprobs of a step (`engine.logprobs.TokenLogprob`s) with each token's text
     `piece(token_id)`; None stays None."""
     if logprobs is None:
@@ -105,7 +106,7 @@ def decoded_logprobs(logprobs, piece: Callable[[int], str]) -> list[TokenLogprob
         return TopToken(token=piece(c.token_id), token_id=c.token_id, logprob=c.logprob)
 
     return [
-        TokenLogprob(
+        DecodedLogprob(
             token=piece(lp.token_id),
             token_id=lp.token_id,
             logprob=lp.logprob,

@@ -9,11 +9,10 @@ from pydantic_core import PydanticCustomError
 
 from specserve.adapters.variants import VariantKey
 from specserve.engine.proposers import REGISTRY
-from specserve.engine.sampling import SamplingParams
+from specserve.engine.sampling import ChoiceCount, SamplingParams
 from specserve.policies.router import VariantView, requestable
 from specserve.policies.settings import PolicySettings
 
-MAX_CHOICES = 16  # n per request (each choice is a batch row)
 SPECULATION_ALIASES = {"off": "ar"}  # a request's `speculation` value -> the strategy it names
 
 
@@ -54,7 +53,7 @@ class GenerateRequest(BaseModel):
         description="the strategy the client asked for, one of `speculation_values(target)` "
         "(`off`: plain ar); None: the policy decides",
     )
-    n: int = Field(1, ge=1, le=MAX_CHOICES, description="choices, sharing one prefill")
+    n: ChoiceCount = 1
 
     @field_validator("speculation")
     @classmethod

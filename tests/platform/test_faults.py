@@ -14,8 +14,9 @@ from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.variants import PoolBook
 from specserve.models.load import load_model
 from specserve.platform.api.faults import faults_router
-from specserve.platform.api.gateway import Gateway, create_app
+from specserve.platform.api.gateway import Gateway
 from specserve.platform.api.metrics import Metrics
+from specserve.platform.api.routes import create_app
 from specserve.platform.backend import LocalBackend
 from specserve.platform.faults import inject
 from specserve.platform.service import ModelService
@@ -74,7 +75,7 @@ def test_fault_route_is_off_unless_enabled_and_needs_the_admin_token(service, en
 
     def check(request: Request):
         if request.headers.get("authorization") != "Bearer t":
-            from specserve.platform.api.openai_api import ApiError
+            from specserve.platform.api.errors import ApiError
 
             raise ApiError(401, "no", "authentication_error", code="missing_token")
 

@@ -3,7 +3,7 @@ read/change policy settings, start/follow/cancel drafter training, traffic captu
 from traffic (admin_traffic.py). 401 without a token, 403 wrong;
 a variant may not take a served model's name; a version serves a frozen copy of the validated
 adapter (adapters/content.py), never its source; the list is paged (`limit`, `after`; `has_more`,
-`first_id`, `last_id`). A store outage answers 503 registry_unavailable (routes.py's handler).
+`first_id`, `last_id`). A store outage answers 503 registry_unavailable (middleware.py's handler).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from specserve.adapters.validate import BaseModelSpec, validate_adapter
 from specserve.adapters.variants import VariantKey
 from specserve.engine.proposers import REGISTRY
 from specserve.platform.api.admin_traffic import TrafficAdmin, add_traffic_routes
-from specserve.platform.api.openai_api import RETRY_LATER, ApiError
+from specserve.platform.api.errors import RETRY_LATER, ApiError
 from specserve.platform.rayserve.retrain import RetrainAsk
 from specserve.platform.state.records import DrafterStatus, VariantSpec, VariantState
 from specserve.platform.state.registry import MAX_PAGE, Registry, UnknownVariant
@@ -143,7 +143,7 @@ class Admin:
             raise ApiError(400, str(err), param="name", code="invalid_name") from None
 
     def show(self, name: str) -> dict:
-        return _describe(self._variant(name), self.policy())
+        return _describe(self.variant(name), self.policy())
 
     def list_page(self, limit: int = DEFAULT_PAGE, after: str | None = None) -> dict:
         """One page of `show`s in name order, OpenAI-list style; a fixed number of store reads
@@ -159,7 +159,7 @@ class Admin:
             "last_id": shown[-1]["name"] if shown else None,
         }
 
-    def _variant(self, name: str) -> VariantState:
+    def variant(self, name: str) -> VariantState:
         """The variant `name` (its current version); 404 if there is none."""
         try:
             return self.registry.variant(name)
@@ -169,7 +169,7 @@ class Admin:
             ) from None
 
     def set_strategy(self, name: str, body: StrategyBody) -> dict:
-        self._variant(name)
+        self.variant(name)
         if body.strategy is not None:
             try:
                 REGISTRY.get(body.strategy)
@@ -187,7 +187,7 @@ class Admin:
         return settings.model_dump()
 
     def train(self, name: str, body: TrainBody) -> dict:
-        current = self._variant(name).current
+        current = self.variant(name).current
         if self.jobs is None:
             raise ApiError(
                 503,
@@ -237,7 +237,7 @@ class Admin:
         return self.traffic.auto_retrain(name, version, kind)
 
     def cancel(self, name: str, kind: str) -> dict:
-        current = self._variant(name).current
+        current = self.variant(name).current
         status = self.registry.drafter(current.key, kind)
         if status is None or status.state not in ("queued", "running"):
             raise ApiError(409, f"no {kind} training running for {current.key}", code="not_running")
@@ -267,7 +267,7 @@ def admin_router(admin: Admin) -> APIRouter:
 
     @router.delete("/variants/{name}")
     def delete(name: str):
-        admin._variant(name)
+        admin.variant(name)
         admin.registry.delete(name)
         return {"deleted": name}
 
@@ -281,7 +281,7 @@ def admin_router(admin: Admin) -> APIRouter:
 
     @router.get("/variants/{name}/drafters")
     def drafters(name: str):
-        return {k: d.model_dump() for k, d in admin._variant(name).drafters.items()}
+        return {k: d.model_dump() for k, d in admin.variant(name).drafters.items()}
 
     @router.delete("/variants/{name}/drafters/{kind}")
     def cancel(name: str, kind: str):

@@ -7,36 +7,50 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi import APIRouter
 
-from specserve.platform.api.openai_api import ApiError
+from specserve.platform.api.errors import ApiError
 from specserve.platform.rayserve.retrain import RetrainAsk, next_revision
-from specserve.platform.state.records import CaptureSettings, DrafterStatus, RetrainRecord
-from specserve.platform.state.registry import TRAFFIC
+from specserve.platform.state.records import (
+    CaptureSettings,
+    DrafterStatus,
+    RetrainRecord,
+    VariantState,
+)
+from specserve.platform.state.registry import TRAFFIC, Registry
 from specserve.platform.state.traffic import TrafficLog
-
-if TYPE_CHECKING:
-    from specserve.platform.api.admin import Admin
+from specserve.policies.settings import PolicySettings
 
 MIN_SAMPLES = 2  # an admin's retrain: one request to train on, one held out
+
+
+class AdminView(Protocol):
+    """What the traffic admin uses of the admin (admin.py's `Admin`)."""
+
+    registry: Registry
+    jobs: Any  # rayserve.jobs' RayJobs or ThreadJobs; None: no training here
+
+    def policy(self) -> PolicySettings: ...
+
+    def variant(self, name: str) -> VariantState: ...
 
 
 class TrafficAdmin:
     """Capture settings and retrains over the admin's registry and jobs."""
 
-    def __init__(self, admin: Admin) -> None:
+    def __init__(self, admin: AdminView) -> None:
         self.admin, self.registry = admin, admin.registry
         self.log = TrafficLog(admin.registry)
 
     def show(self, name: str) -> dict:
-        state = self.admin._variant(name)
+        state = self.admin.variant(name)
         return state.capture.model_dump() | {"samples": self.log.count(name)}
 
     def set(self, name: str, body: dict[str, Any]) -> dict:
         """Change the fields given (the rest as they are)."""
-        current = self.admin._variant(name).capture
+        current = self.admin.variant(name).capture
         try:
             settings = CaptureSettings.model_validate(current.model_dump() | body)
         except ValueError as err:
@@ -45,7 +59,7 @@ class TrafficAdmin:
         return self.show(name)
 
     def erase(self, name: str) -> dict:
-        self.admin._variant(name)
+        self.admin.variant(name)
         erased = self.log.count(name)
         self.registry.store.delete(self.registry.variant_key(name, TRAFFIC))
         return {"erased": erased}
@@ -55,7 +69,7 @@ class TrafficAdmin:
     ) -> DrafterStatus:
         """Queue a retrain of `name`'s current `kind` drafter from its traffic (409 while one
         runs for it, or when fewer than MIN_SAMPLES requests are captured)."""
-        current = self.admin._variant(name).current
+        current = self.admin.variant(name).current
         status = self.registry.drafter(current.key, kind)
         busy = status is not None and (
             status.state in ("queued", "running")
@@ -89,7 +103,7 @@ class TrafficAdmin:
         policy = self.admin.policy()
         if self.admin.jobs is None or not policy.retrain_on_drop:
             return False
-        state = self.admin._variant(name)
+        state = self.admin.variant(name)
         if state.version != version or not state.capture.enabled:
             return False
         status = self.registry.drafter(state.current.key, kind)

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
-from specserve.platform.api.openai_api import ApiError
+from specserve.platform.api.errors import ApiError
 
 T = TypeVar("T")
 DRAIN_RETRY_AFTER_S = 2

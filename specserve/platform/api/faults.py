@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from specserve.platform.api.openai_api import ApiError
+from specserve.platform.api.errors import ApiError
 from specserve.platform.faults import FaultRequest
 
 

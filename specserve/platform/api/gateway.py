@@ -1,8 +1,8 @@
 """The OpenAI-compatible gateway: `Gateway` runs one request (limits, resolution, the model server's
 events shaped as JSON or SSE, metrics, measured acceptance, traffic capture, the policy's training
-requests) from the parts in api/ (resolve, catalog, shaping, acceptance, traffic); `create_app(gateway)` builds the
-FastAPI app from the routes (routes.py) and the admin API under /admin. A model server's refusal
-reaches the client as a short OpenAI error; its full text is logged under the request id.
+requests) from the parts in api/ (resolve, catalog, shaping, refusals, acceptance, traffic); the
+app around it is routes.py's `create_app`. A model server's refusal reaches the client as a short
+OpenAI error; its full text is logged under the request id.
 """
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
@@ -21,29 +20,25 @@ from specserve.engine.sampling import SamplingParams
 from specserve.platform.api.acceptance import AcceptanceRecorder
 from specserve.platform.api.catalog import Catalog, ModelList
 from specserve.platform.api.drain import Drain
+from specserve.platform.api.errors import ApiError, validation_error
 from specserve.platform.api.metrics import Metrics
-from specserve.platform.api.openai_api import (
-    ApiError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    short_message,
-    underlying,
-    validation_error,
+from specserve.platform.api.middleware import request_id
+from specserve.platform.api.openai_api import ChatCompletionRequest, CompletionRequest
+from specserve.platform.api.refusals import (
+    BROKEN_REASON,
+    DIGEST_MISMATCH,
+    Refusal,
+    at_capacity,
+    broken,
+    first_event,
+    prompt_field,
 )
 from specserve.platform.api.resolve import Access, RegistryReads, Resolver, StoreBreaker, bearer
-from specserve.platform.api.routes import (
-    BodyLimit,
-    RequestIds,
-    add_error_handlers,
-    openai_router,
-    request_id,
-)
-from specserve.platform.api.shaping import Reply, collect, sse, stream_failure
+from specserve.platform.api.shaping import Reply, collect, sse
 from specserve.platform.api.traffic import TrafficRecorder
-from specserve.platform.backend import Backend, Overloaded
-from specserve.platform.events import Delta, Done
+from specserve.platform.backend import Backend
+from specserve.platform.events import Done
 from specserve.platform.requests import GenerateRequest, Target
-from specserve.platform.service import ReplicaLost
 from specserve.platform.settings import PlatformSettings
 from specserve.platform.state.registry import Registry
 from specserve.platform.state.store import StoreError
@@ -98,27 +93,17 @@ class Gateway:
         self.traffic.flush()
 
     def sampling(self, req: CompletionRequest | ChatCompletionRequest) -> SamplingParams:
-        max_tokens = req.max_tokens or self.settings.default_max_tokens
-        if max_tokens > self.settings.max_tokens:
+        """The request's engine settings, its max_tokens within this server's cap."""
+        params = req.to_sampling(self.settings.default_max_tokens)
+        if params.max_new_tokens > self.settings.max_tokens:
             raise ApiError(
                 400,
-                f"max_tokens {max_tokens} exceeds this server's cap of {self.settings.max_tokens}",
+                f"max_tokens {params.max_new_tokens} exceeds this server's cap of "
+                f"{self.settings.max_tokens}",
                 param="max_tokens",
                 code="max_tokens_too_large",
             )
-        return SamplingParams(
-            max_new_tokens=max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
-            seed=req.seed,
-            stop=req.stop or [],
-            ignore_eos=req.ignore_eos,
-            presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
-            logit_bias=req.token_bias(),
-            logprobs=req.logprobs_count(),
-        )
+        return params
 
     def inflight_total(self) -> int:
         """Requests admitted and not yet answered, from any thread. `admitting` is read first:
@@ -137,7 +122,7 @@ class Gateway:
         rid = request_id(http)
         try:
             events = self.drain.bounded(self.backend.stream(base_model, gen))
-            first = await _first(events, _Refusal(base_model, _prompt_field(req), rid))
+            first = await first_event(events, Refusal(base_model, prompt_field(req), rid))
         except BaseException as err:
             self.inflight[base_model] -= 1
             if getattr(err, "code", None) == DIGEST_MISMATCH and gen.target.key is not None:
@@ -170,10 +155,10 @@ class Gateway:
         if self.settings.models and all(
             self.inflight[m] >= self.settings.max_inflight_per_model for m in self.settings.models
         ):  # refuse before any registry lookup: an overloaded server must answer 503 fast
-            raise _at_capacity("every model")
+            raise at_capacity("every model")
         base_model, target = await asyncio.to_thread(self.resolve, req.model, bearer(http))
         if target.broken:
-            raise _broken(target)
+            raise broken(target)
         params = self.sampling(req)
         chat = isinstance(req, ChatCompletionRequest)
         prompt = {"messages": req.chat()} if chat else {"prompt": req.prompt}
@@ -184,7 +169,7 @@ class Gateway:
         except ValidationError as err:
             raise validation_error(err) from None
         if self.inflight[base_model] >= self.settings.max_inflight_per_model:
-            raise _at_capacity(base_model)
+            raise at_capacity(base_model)
         return base_model, gen
 
     def _mark_broken(self, target: Target) -> None:
@@ -288,91 +273,3 @@ class Gateway:
         if self.registry.store.kind == "memory":
             return "memory"
         return "redis-embedded" if self.settings.redis_embedded else "redis-external"
-
-
-def create_app(gateway: Gateway, *routers) -> FastAPI:
-    """The app: OpenAI routes, then `routers` (the admin API, fault injection)."""
-    app = FastAPI(
-        title="specserve",
-        version="0.1.0",
-        description="OpenAI-compatible LLM serving with lossless speculative decoding",
-    )
-    add_error_handlers(app, gateway.metrics)
-    app.include_router(openai_router(gateway))
-    for router in routers:
-        app.include_router(router)
-    app.add_middleware(BodyLimit, limit=gateway.settings.max_body_bytes)
-    app.add_middleware(RequestIds)  # added last: outermost, so a 413 carries the id too
-    return app
-
-
-DIGEST_MISMATCH = "adapter_digest_mismatch"
-BROKEN_REASON = "its adapter's files changed after registration (sha256 mismatch)"
-
-
-def _broken(target: Target) -> ApiError:
-    message = f"variant {target.key} is broken: {target.broken}; register a new version"
-    return ApiError(500, message, "server_error", code=DIGEST_MISMATCH)
-
-
-def _at_capacity(what: str) -> ApiError:
-    return ApiError(
-        503,
-        f"{what} is at capacity; retry shortly",
-        "overloaded_error",
-        code="overloaded",
-        headers={"Retry-After": "1"},
-    )
-
-
-def _prompt_field(req: CompletionRequest | ChatCompletionRequest) -> str:
-    return "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
-
-
-class _Refusal:
-    """Maps what a model server raised before its first event to an ApiError (None: not a
-    refusal, the 500 handler answers), by the underlying cause, logging the full text."""
-
-    def __init__(self, base_model: str, prompt_field: str, request_id: str) -> None:
-        self.base_model, self.prompt_field, self.request_id = base_model, prompt_field, request_id
-
-    def of(self, err: Exception) -> ApiError | None:
-        from specserve.adapters.errors import AdapterCapacityError, AdapterError
-
-        cause = underlying(err)
-        if isinstance(err, Overloaded) or isinstance(cause, Overloaded):
-            api = _at_capacity(self.base_model)
-        elif isinstance(cause, AdapterCapacityError):
-            retry = {"Retry-After": "1"}
-            api = ApiError(
-                503, short_message(cause), "overloaded_error", code=cause.code, headers=retry
-            )
-        elif isinstance(cause, AdapterError):
-            message = f"variant adapter unavailable ({cause.code}); details in the server log"
-            api = ApiError(500, message, "server_error", code=cause.code)
-        elif isinstance(cause, ValueError):
-            api = self._invalid(short_message(cause))
-        else:
-            return None
-        log.info("%s: %s %s: %s", self.request_id, api.status, api.code, err)
-        return api
-
-    def _invalid(self, message: str) -> ApiError:
-        """400; a prompt the model cannot take (empty, longer than its context) names the prompt."""
-        if message.startswith(("prompt", "request needs")):
-            return ApiError(400, message, param=self.prompt_field, code="invalid_prompt")
-        return ApiError(400, message, code="invalid_value")
-
-
-async def _first(events: AsyncIterator[Delta | Done], refusal: _Refusal) -> Delta | Done:
-    """The first event, mapping the model server's refusals to API errors before any byte is
-    sent; a replica lost before it (and again on the one retry) answers 503."""
-    try:
-        return await anext(events)
-    except ReplicaLost as err:
-        raise stream_failure(err, refusal.request_id) from None
-    except Exception as err:
-        api = refusal.of(err)
-        if api is None:
-            raise
-        raise api from None

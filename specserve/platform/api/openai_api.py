@@ -1,129 +1,34 @@
-"""OpenAI-compatible request bodies and error shapes: requests are strict (unknown fields,
-unsupported values, bad types: a 400 naming the field as OpenAI does, `messages[0].content`);
-`ApiError` is an OpenAI error body carrying the request id, `registry_unavailable` and
-`internal_error` the ones any route may answer; `short_message` is what a client may see of an
-exception (its underlying cause's first line, no traceback, ANSI codes, pid or address).
+"""OpenAI-compatible request bodies: strict (unknown fields, unsupported values, bad types: a 400
+naming the field, errors.py's `validation_error`). The sampling fields reuse the engine's rules
+(engine/sampling.py); `to_sampling()` is the engine's view of a request.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-
-class ApiError(Exception):
-    """An error response: HTTP status + {"error": {"message", "type", "param", "code"}} (and the
-    request id, given to `body`)."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = (
-            status,
-            message,
-            type,
-            param,
-            code,
-        )
-        self.headers = headers or {}
-
-    def body(self, request_id: str | None = None) -> dict:
-        detail = ErrorDetail(
-            message=self.message,
-            type=self.type,
-            param=self.param,
-            code=self.code,
-            request_id=request_id,
-        )
-        return ErrorBody(error=detail).model_dump()
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-    request_id: str | None = None  # also the response's `x-request-id`; the log lines carry it
-
-
-class ErrorBody(BaseModel):
-    """An OpenAI error response body."""
-
-    error: ErrorDetail
-
-
-REGISTRY_RETRY_AFTER_S = 2
-RETRY_LATER = {
-    503: {
-        "model": ErrorBody,
-        "description": "`registry_unavailable` (the variant registry's store is down) or, on a "
-        "model request, `overloaded` or `shutting_down` (the server is draining before it "
-        "stops): retry after `Retry-After` seconds",
-        "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}},
-    }
-}  # the OpenAPI `responses` of a route that may answer 503
-
-
-def _error(description: str) -> dict:
-    return {"model": ErrorBody, "description": description}
-
-
-MODEL_ROUTE_ERRORS = {
-    400: _error("invalid request: `param` names the field (`n`, `messages[0].content`)"),
-    401: _error("`invalid_api_key`: the key is not a tenant's (when tenant keys are set)"),
-    404: _error("`model_not_found`: the model is unknown or hidden from this key"),
-    413: _error("`body_too_large`: the body exceeds the server's limit"),
-    500: _error("`internal_error` or an adapter that cannot be loaded; details in the log"),
-    "default": _error("any other error, as an OpenAI error body"),  # request validation is 400
-} | RETRY_LATER  # the OpenAPI `responses` of /v1/completions and /v1/chat/completions
-MODEL_LIST_ERRORS = {k: MODEL_ROUTE_ERRORS[k] for k in (401, 500)} | RETRY_LATER
-SHORT_MESSAGE_CHARS = 300
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-def underlying(err: BaseException) -> BaseException:
-    """The exception a model server raised, unwrapped from Ray's RayTaskError (its `cause`)."""
-    while isinstance(getattr(err, "cause", None), BaseException):
-        err = err.cause
-    return err
-
-
-def short_message(err: BaseException) -> str:
-    """What a client may read of `err`: its underlying cause's own first line, ANSI codes
-    stripped, at most SHORT_MESSAGE_CHARS; the exception's type name when that is empty."""
-    cause = underlying(err)
-    lines = _ANSI.sub("", str(cause)).strip().splitlines()
-    return (lines[0].strip() if lines else type(cause).__name__)[:SHORT_MESSAGE_CHARS]
-
-
-def registry_unavailable() -> ApiError:
-    """503 `registry_unavailable`: the variant registry's store cannot be read or written now."""
-    return ApiError(
-        503,
-        "the variant registry is unreachable; retry shortly",
-        "server_error",
-        code="registry_unavailable",
-        headers={"Retry-After": str(REGISTRY_RETRY_AFTER_S)},
-    )
-
-
-def internal_error() -> ApiError:
-    """500 `internal_error` for an unexpected exception: a short message, the detail is logged."""
-    return ApiError(
-        500,
-        "internal server error; the details are in the server log",
-        "server_error",
-        code="internal_error",
-    )
+from specserve.engine.sampling import (
+    ChoiceCount,
+    LogitBias,
+    Penalty,
+    SamplingParams,
+    Temperature,
+    TokenCount,
+    TopK,
+    TopLogprobs,
+    TopP,
+)
 
 
 class StreamOptions(BaseModel):
@@ -137,6 +42,28 @@ class StreamOptions(BaseModel):
     )
 
 
+_LOGIT_BIAS = TypeAdapter(LogitBias)
+
+
+def _token_bias(value: object) -> object:
+    """`logit_bias` as JSON sends it (token ids as digit strings) -> the engine's `LogitBias`,
+    checked as a whole so that an error names `logit_bias` rather than one of its keys."""
+    if not isinstance(value, dict):
+        return value
+    if not all(isinstance(token, str) and token.isdigit() for token in value):
+        raise ValueError("logit_bias: token ids are digit strings")
+    try:
+        return _LOGIT_BIAS.validate_python({int(token): bias for token, bias in value.items()})
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = "".join(f" token {part}:" for part in first["loc"] if isinstance(part, int))
+        raise ValueError(f"logit_bias:{where} {first['msg']}") from None
+
+
+OpenAITemperature = Annotated[Temperature, Field(le=2.0)]  # OpenAI's range within the engine's
+CompletionTopLogprobs = Annotated[TopLogprobs, Field(le=5)]  # the legacy endpoint's limit
+
+
 class _Common(BaseModel):
     """Sampling fields shared by both endpoints (OpenAI defaults; top_k and ignore_eos as in
     vLLM; `speculation` is specserve's own, checked against the variant by `GenerateRequest`)."""
@@ -144,19 +71,19 @@ class _Common(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)
-    n: int = Field(1, ge=1, le=16)  # choices sharing one prefill; usage counts the prompt once
+    max_tokens: TokenCount | None = None
+    temperature: OpenAITemperature = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    n: ChoiceCount = 1  # usage counts the prompt once
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
     user: str | None = None
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in -100..100
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: Annotated[LogitBias | None, BeforeValidator(_token_bias)] = None
     ignore_eos: bool = False
     speculation: str | None = Field(
         None,
@@ -175,22 +102,26 @@ class _Common(BaseModel):
             raise ValueError("stop: up to 4 non-empty strings")
         return stops
 
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias(cls, v):
-        bad = [t for t, b in (v or {}).items() if not t.isdigit() or not -100.0 <= b <= 100.0]
-        if bad or len(v or {}) > 300:
-            raise ValueError("logit_bias: at most 300 token ids (digits) to biases in -100..100")
-        return v
+    def logprobs_count(self) -> int | None:
+        """The top candidates to report per token; None: no logprobs."""
+        raise NotImplementedError
 
-    def token_bias(self) -> dict[int, float]:
-        return {int(token): bias for token, bias in (self.logit_bias or {}).items()}
+    def to_sampling(self, default_max_tokens: int) -> SamplingParams:
+        """The engine's settings for this request: every field `SamplingParams` names alike
+        (temperature, penalties, logit_bias...), then `max_tokens` (`default_max_tokens` where the
+        request sets none) and the logprobs asked for."""
+        same = self.model_dump(include=_SAME_NAMED, exclude_none=True)
+        limit = self.max_tokens or default_max_tokens
+        return SamplingParams(**same, max_new_tokens=limit, logprobs=self.logprobs_count())
+
+
+_SAME_NAMED = SamplingParams.model_fields.keys() & _Common.model_fields.keys()
 
 
 class CompletionRequest(_Common):
     prompt: str | list[str]
     echo: Literal[False] = False
-    logprobs: int | None = Field(None, ge=0, le=5, description="top candidates per token")
+    logprobs: CompletionTopLogprobs | None = None
     best_of: Literal[1] | None = None
     suffix: None = None
 
@@ -237,7 +168,7 @@ class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: TopLogprobs | None = None
     response_format: ResponseFormat | None = None
 
     @field_validator("top_logprobs")
@@ -269,33 +200,3 @@ class ChatCompletionRequest(_Common):
     def chat(self) -> list[dict[str, str]]:
         role = {"developer": "system"}
         return [{"role": role.get(m.role, m.role), "content": m.text()} for m in self.messages]
-
-
-_REQUEST_PARTS = frozenset({"body", "query", "path", "header", "cookie"})
-_UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
-
-
-def field_param(loc: tuple) -> str | None:
-    """A pydantic error location as OpenAI names a field: `n`, `messages[0].content`; without
-    the request part (`body`) and union-member tags (`str`, `list[TextPart]`, `function-...`)."""
-    parts = list(loc[1:] if loc and loc[0] in _REQUEST_PARTS else loc)
-    name = ""
-    for part in parts:
-        if isinstance(part, int):
-            name += f"[{part}]"
-        elif part.isidentifier() and part not in _UNION_TAGS:
-            name += f".{part}" if name else part
-    return name or None
-
-
-def validation_error(err) -> ApiError:
-    """A pydantic ValidationError as a 400 naming the first offending field."""
-    first = err.errors()[0]
-    param = field_param(tuple(first.get("loc", ())))
-    kind = "unknown_field" if first.get("type") == "extra_forbidden" else "invalid_value"
-    return ApiError(
-        400,
-        f"{param}: {first.get('msg')}" if param else first.get("msg", "invalid"),
-        param=param,
-        code=kind,
-    )

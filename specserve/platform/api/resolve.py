@@ -12,7 +12,7 @@ import time
 
 from fastapi import Request
 
-from specserve.platform.api.openai_api import ApiError, registry_unavailable
+from specserve.platform.api.errors import ApiError, registry_unavailable
 from specserve.platform.requests import Target
 from specserve.platform.settings import PlatformSettings, TenantKeys
 from specserve.platform.state.records import VariantState

@@ -1,57 +1,62 @@
-"""The HTTP surface of the gateway: the OpenAI routes (`/v1/completions`, `/v1/chat/completions`,
-`/v1/models`), `/healthz`, `/health` (liveness only) and `/metrics`; error handlers that answer
-every failure as an OpenAI error body with the request id (a store outage: 503
-registry_unavailable); `BodyLimit` (413 before the app reads); `RequestIds` (an `x-request-id` on
-every response, the client's if it sent one).
+"""The gateway's FastAPI app (`create_app`): the OpenAI routes (`/v1/completions`,
+`/v1/chat/completions`, `/v1/models`), `/healthz`, `/health` (liveness only) and `/metrics`, each
+answered by the `Gateway`, the admin API and others mounted beside them, and the HTTP plumbing
+(middleware.py) around them all.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import re
-import uuid
-from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from starlette.datastructures import MutableHeaders
-from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
-from specserve.platform.api.metrics import Metrics
-from specserve.platform.api.openai_api import (
-    MODEL_LIST_ERRORS,
-    MODEL_ROUTE_ERRORS,
-    ApiError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    internal_error,
-    registry_unavailable,
-    validation_error,
-)
+from specserve.platform.api.errors import MODEL_LIST_ERRORS, MODEL_ROUTE_ERRORS
+from specserve.platform.api.gateway import Gateway
+from specserve.platform.api.middleware import BodyLimit, RequestIds, add_error_handlers
+from specserve.platform.api.openai_api import ChatCompletionRequest, CompletionRequest
 from specserve.platform.api.resolve import bearer
-from specserve.platform.state.store import StoreError
+from specserve.platform.api.responses import ChatCompletion, TextCompletion
 
-if TYPE_CHECKING:
-    from specserve.platform.api.gateway import Gateway
-
-log = logging.getLogger(__name__)
 STALE_HEADER = "x-specserve-stale"  # "true" on a model list served from cache, the store down
-REQUEST_ID_HEADER = "x-request-id"
 HEALTH_ERRORS = {503: {"description": "`status: draining`: this gateway is shutting down"}}
-_CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # a client's id we repeat back
+
+
+def _answered(model: type, chunk: str) -> dict:
+    """The OpenAPI 200 of a model route: `model` as JSON, or with `stream` its chunks."""
+    description = (
+        f"the response; with `stream`: server-sent events, each a `{chunk}`, then `[DONE]`"
+    )
+    return {200: {"model": model, "description": description}}
+
+
+def create_app(gateway: Gateway, *routers) -> FastAPI:
+    """The app: OpenAI routes, then `routers` (the admin API, fault injection)."""
+    app = FastAPI(
+        title="specserve",
+        version="0.1.0",
+        description="OpenAI-compatible LLM serving with lossless speculative decoding",
+    )
+    add_error_handlers(app, gateway.metrics)
+    app.include_router(openai_router(gateway))
+    for router in routers:
+        app.include_router(router)
+    app.add_middleware(BodyLimit, limit=gateway.settings.max_body_bytes)
+    app.add_middleware(RequestIds)  # added last: outermost, so a 413 carries the id too
+    return app
 
 
 def openai_router(gateway: Gateway) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/v1/completions", responses=MODEL_ROUTE_ERRORS)
+    completion = _answered(TextCompletion, "TextCompletionChunk") | MODEL_ROUTE_ERRORS
+    chat = _answered(ChatCompletion, "ChatCompletionChunk") | MODEL_ROUTE_ERRORS
+
+    @router.post("/v1/completions", responses=completion)
     async def completions(body: CompletionRequest, request: Request):
         return await gateway.run("completions", body, request)
 
-    @router.post("/v1/chat/completions", responses=MODEL_ROUTE_ERRORS)
+    @router.post("/v1/chat/completions", responses=chat)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await gateway.run("chat", body, request)
 
@@ -83,126 +88,3 @@ def openai_router(gateway: Gateway) -> APIRouter:
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return router
-
-
-def add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
-    """Every failure as an OpenAI error body, counted in `metrics`: ApiError as raised, request
-    validation as 400, HTTP errors (unknown route, method) with their status, a store outage as
-    503 registry_unavailable, and anything else as a 500 whose detail goes only to the log."""
-
-    def answer(request: Request, err: ApiError) -> JSONResponse:
-        metrics.observe_error(_endpoint(request), err.status, err.code)
-        rid = request_id(request)
-        headers = err.headers | {REQUEST_ID_HEADER: rid}  # also here: a 500 skips RequestIds
-        return JSONResponse(err.body(rid), err.status, headers=headers)
-
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, err: ApiError):
-        return answer(request, err)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, err: RequestValidationError):
-        errors = err.errors()
-        if errors and errors[0].get("type") == "json_invalid":
-            api = ApiError(400, f"malformed JSON body: {errors[0].get('msg')}", code="invalid_json")
-        else:
-            api = validation_error(err)
-        return answer(request, api)
-
-    @app.exception_handler(HTTPException)
-    async def _http(request: Request, err: HTTPException):
-        message = f"{err.detail} ({request.method} {request.url.path})"
-        return answer(request, ApiError(err.status_code, message, headers=err.headers))
-
-    @app.exception_handler(StoreError)
-    async def _store_down(request: Request, err: StoreError):
-        where = f"{request_id(request)}: {request.method} {_endpoint(request)}"
-        log.warning("%s: registry store failed: %s", where, err)
-        return answer(request, registry_unavailable())
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, err: Exception):
-        where = f"{request_id(request)}: {request.method} {_endpoint(request)}"
-        log.error("%s failed", where, exc_info=err)
-        return answer(request, internal_error())
-
-
-def _endpoint(request: Request) -> str:
-    """The route's path template (`/admin/variants/{name}`), so metric labels stay few."""
-    route = request.scope.get("route")
-    return getattr(route, "path", "unmatched")
-
-
-def request_id(request: Request) -> str:
-    """The id `RequestIds` gave this request (a fresh one if the app runs without it)."""
-    return request.scope.get("state", {}).get("request_id") or _new_request_id()
-
-
-def _new_request_id() -> str:
-    return f"req-{uuid.uuid4().hex}"
-
-
-class RequestIds:
-    """ASGI middleware: every HTTP request gets an id, the client's `x-request-id` when it sent
-    a sane one (1-128 of `A-Za-z0-9._:-`), else a new `req-...`; it is in `scope["state"]`
-    (`request_id(request)`) and in the `x-request-id` header of the response, streamed or not."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        sent = dict(scope.get("headers") or []).get(REQUEST_ID_HEADER.encode(), b"")
-        given = sent.decode("latin-1")
-        rid = given if _CLIENT_REQUEST_ID.fullmatch(given) else _new_request_id()
-        scope.setdefault("state", {})["request_id"] = rid
-
-        async def send_with_id(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                message.setdefault("headers", [])
-                MutableHeaders(scope=message)[REQUEST_ID_HEADER] = rid
-            await send(message)
-
-        await self.app(scope, receive, send_with_id)
-
-
-class BodyLimit:
-    """ASGI middleware: bodies above `limit` bytes answer 413 before the app reads them."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            return await _too_large(self.limit, scope)(scope, receive, send)
-        seen = 0
-
-        async def limited() -> dict:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _BodyTooLarge()
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _BodyTooLarge:
-            await _too_large(self.limit, scope)(scope, receive, send)
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-def _too_large(limit: int, scope: Scope) -> JSONResponse:
-    rid = scope.get("state", {}).get("request_id")
-    error = ApiError(413, f"request body exceeds {limit} bytes", code="body_too_large")
-    return JSONResponse(error.body(rid), 413)

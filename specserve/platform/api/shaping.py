@@ -16,10 +16,28 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from specserve.platform.api.drain import ShuttingDown, shutting_down_error
-from specserve.platform.api.openai_api import ApiError
-from specserve.platform.events import Delta, Done, TokenLogprob, Usage
+from specserve.platform.api.errors import ApiError
+from specserve.platform.api.responses import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatLogprobs,
+    Choice,
+    Chunk,
+    ChunkChoice,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    TextCompletion,
+    TextCompletionChunk,
+)
+from specserve.platform.events import DecodedLogprob, Delta, Done, DoneInfo, Usage
 from specserve.platform.service import ReplicaLost
 
 log = logging.getLogger(__name__)
@@ -45,7 +63,7 @@ def stream_failure(err: Exception, request_id: str) -> ApiError:
 
 
 class Reply:
-    """Per-response bookkeeping: ids, timing of tokens; the OpenAI envelope and choices."""
+    """Per-response bookkeeping: ids, timing of tokens; builds the response models (responses.py)."""
 
     def __init__(
         self,
@@ -96,79 +114,70 @@ class Reply:
             self.gaps.append(now - self._last)
         self._last = now
 
-    def envelope(self, choices: list, whole: bool = False) -> dict:
-        """The response object around `choices`: a whole response, else a stream chunk."""
-        obj = {"chat": "chat.completion", "completions": "text_completion"}[self.endpoint]
-        if not whole and self.endpoint == "chat":
-            obj = "chat.completion.chunk"
-        return {
-            "id": self.id,
-            "object": obj,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
+    def whole(self, choices: list, usage: Usage, specserve: DoneInfo) -> Completion:
+        """The whole response around `choices` (`choice`s)."""
+        kind = ChatCompletion if self.endpoint == "chat" else TextCompletion
+        return kind(**self._ids(), choices=choices, usage=usage, specserve=specserve)
+
+    def chunk(
+        self, choices: list, specserve: DoneInfo | None = None, usage: Usage | None = None
+    ) -> Chunk:
+        """A stream chunk around `choices` (`chunk_choice`s), with a choice's `specserve` on its
+        last chunk, the `usage` on the one before `[DONE]`."""
+        kind = ChatCompletionChunk if self.endpoint == "chat" else TextCompletionChunk
+        return kind(**self._ids(), choices=choices, specserve=specserve, usage=usage)
+
+    def _ids(self) -> dict:
+        return {"id": self.id, "created": self.created, "model": self.model}
 
     def chunk_choice(
         self,
         text: str,
         finish_reason: str | None,
-        logprobs: list[TokenLogprob] | None = None,
+        logprobs: list[DecodedLogprob] | None = None,
         index: int = 0,
-    ) -> dict:
+    ) -> ChunkChoice:
         """A stream chunk's choice; `logprobs`: those of the delta's tokens (when asked)."""
         if self.endpoint == "chat":
-            delta = {"content": text} if text else {}
-            choice = {"index": index, "delta": delta, "finish_reason": finish_reason}
-            return choice | self._chat_logprobs(logprobs)
-        shaped = self._completion_logprobs(logprobs, index)
-        return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": shaped}
+            delta = ChatDelta(content=text or None)
+            shaped = None if logprobs is None else ChatLogprobs.of(logprobs)
+            return ChatChunkChoice(
+                index=index, delta=delta, finish_reason=finish_reason, logprobs=shaped
+            )
+        return self._completion_choice(text, finish_reason, logprobs, index)
 
     def choice(
         self,
         text: str,
         finish_reason: str,
-        logprobs: list[TokenLogprob] | None = None,
+        logprobs: list[DecodedLogprob] | None = None,
         index: int = 0,
-    ) -> dict:
+    ) -> Choice:
         """The whole response's choice; `logprobs`: every completion token's (when asked)."""
         if self.endpoint == "chat":
-            message = {"role": "assistant", "content": text}
-            choice = {"index": index, "message": message, "finish_reason": finish_reason}
-            return choice | self._chat_logprobs(logprobs)
-        shaped = self._completion_logprobs(logprobs, index)
-        return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": shaped}
+            message = AssistantMessage(content=text)
+            shaped = None if logprobs is None else ChatLogprobs.of(logprobs)
+            return ChatChoice(
+                index=index, message=message, finish_reason=finish_reason, logprobs=shaped
+            )
+        return self._completion_choice(text, finish_reason, logprobs, index)
 
-    @staticmethod
-    def _chat_logprobs(logprobs: list[TokenLogprob] | None) -> dict:
-        """Chat's `logprobs` entry: {"content": [{token, logprob, bytes, top_logprobs}]}; no
-        entry unless asked (the shape stays as before)."""
-        if logprobs is None:
-            return {}
-        content = [
-            _token(lp) | {"top_logprobs": [_token(c) for c in lp.top_logprobs]} for lp in logprobs
-        ]
-        return {"logprobs": {"content": content}}
-
-    def _completion_logprobs(
-        self, logprobs: list[TokenLogprob] | None, index: int = 0
-    ) -> dict | None:
-        """The legacy completions object: tokens, token_logprobs, top_logprobs (the top candidates
-        and the chosen token, text -> logprob), text_offset (into the completion text, counted
-        over the token texts so far; a stream continues the count)."""
-        if logprobs is None:
-            return None
-        offsets = []
-        for lp in logprobs:
-            offsets.append(self.text_offsets.get(index, 0))
-            self.text_offsets[index] = offsets[-1] + len(lp.token)
-        tops = [_top_by_text(lp) for lp in logprobs]
-        return {
-            "tokens": [lp.token for lp in logprobs],
-            "token_logprobs": [_logprob(lp.logprob) for lp in logprobs],
-            "top_logprobs": tops,
-            "text_offset": offsets,
-        }
+    def _completion_choice(
+        self,
+        text: str,
+        finish_reason: str | None,
+        logprobs: list[DecodedLogprob] | None,
+        index: int,
+    ) -> CompletionChoice:
+        """A text choice; its logprobs' text offsets continue the count of the choice so far."""
+        shaped = None
+        if logprobs is not None:
+            start = self.text_offsets.get(index, 0)
+            shaped = CompletionLogprobs.of(logprobs, start)
+            self.text_offsets[index] = start + sum(len(lp.token) for lp in logprobs)
+        return CompletionChoice(
+            index=index, text=text, finish_reason=finish_reason, logprobs=shaped
+        )
 
 
 async def collect(
@@ -181,7 +190,7 @@ async def collect(
     """The whole response (its `reply.n` choices); stops the decode if the client disconnects.
     A model server failing after the first event raises ApiError 503 (`stream_failure`)."""
     parts: dict[int, list[str]] = {i: [] for i in range(reply.n)}
-    logprobs: dict[int, list[TokenLogprob] | None] = dict.fromkeys(range(reply.n))
+    logprobs: dict[int, list[DecodedLogprob] | None] = dict.fromkeys(range(reply.n))
     dones: dict[int, Done] = {}
     event = first
     while True:
@@ -207,10 +216,7 @@ async def collect(
         reply.choice("".join(parts[i]), dones[i].finish_reason, logprobs[i], i)
         for i in range(reply.n)
     ]
-    body = reply.envelope(choices, whole=True)
-    return JSONResponse(
-        body | {"usage": done.usage.model_dump(), "specserve": done.specserve.model_dump()}
-    )
+    return JSONResponse(reply.whole(choices, done.usage, done.specserve).model_dump())
 
 
 def merged(dones: dict[int, Done]) -> Done:
@@ -240,23 +246,22 @@ async def sse(
     mid-stream ends it with one OpenAI error event, then `[DONE]`, told to `on_error`."""
     try:
         if reply.endpoint == "chat":
-            role = {"role": "assistant", "content": ""}
+            role = ChatDelta(role="assistant", content="")
             for i in range(reply.n):
-                yield _data(reply.envelope([{"index": i, "delta": role, "finish_reason": None}]))
+                yield _data(reply.chunk([ChatChunkChoice(index=i, delta=role, finish_reason=None)]))
         event, dones = first, {}
         try:
             while True:
                 if isinstance(event, Done):  # this choice's last chunk
                     dones[event.index] = event
                     final = reply.chunk_choice("", event.finish_reason, index=event.index)
-                    info = {"specserve": event.specserve.model_dump()}
-                    yield _data(reply.envelope([final]) | info)
+                    yield _data(reply.chunk([final], specserve=event.specserve))
                     if len(dones) == reply.n:
                         break
                 else:
                     reply.took(event)
                     choice = reply.chunk_choice(event.text, None, event.logprobs, event.index)
-                    yield _data(reply.envelope([choice]))
+                    yield _data(reply.chunk([choice]))
                 event = await anext(events)
         except Exception as err:  # noqa: BLE001 - the replica died or failed: still an end event
             failure = stream_failure(err, reply.request_id)
@@ -268,33 +273,13 @@ async def sse(
         done = merged(dones)
         on_done(reply, done)
         if include_usage:
-            yield _data(reply.envelope([]) | {"usage": done.usage.model_dump()})
+            yield _data(reply.chunk([], usage=done.usage))
         yield "data: [DONE]\n\n"
     finally:
         on_close()
         await events.aclose()
 
 
-LOGPROB_FLOOR = -9999.0  # OpenAI's stand-in for a log-probability too small to represent
-
-
-def _logprob(value: float) -> float:
-    return max(value, LOGPROB_FLOOR)  # JSON has no -inf
-
-
-def _top_by_text(lp: TokenLogprob) -> dict[str, float]:
-    """text -> logprob of the top candidates, most likely first, then the chosen token if it is
-    not among them (a text two ids decode to keeps the likelier)."""
-    out: dict[str, float] = {}
-    for c in [*lp.top_logprobs, lp]:
-        out.setdefault(c.token, _logprob(c.logprob))
-    return out
-
-
-def _token(lp) -> dict:
-    """{token, logprob, bytes} of a token or candidate: `bytes` are its text's UTF-8 bytes."""
-    return {"token": lp.token, "logprob": _logprob(lp.logprob), "bytes": list(lp.token.encode())}
-
-
-def _data(obj: dict) -> str:
+def _data(body: BaseModel | dict) -> str:
+    obj = body.model_dump() if isinstance(body, BaseModel) else body
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"

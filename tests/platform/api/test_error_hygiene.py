@@ -15,9 +15,10 @@ from fastapi.testclient import TestClient
 from ray.exceptions import RayTaskError
 
 from specserve.adapters.errors import MissingAdapterFileError
-from specserve.platform.api.gateway import Gateway, create_app
+from specserve.platform.api.errors import field_param, short_message
+from specserve.platform.api.gateway import Gateway
 from specserve.platform.api.metrics import Metrics
-from specserve.platform.api.openai_api import field_param, short_message
+from specserve.platform.api.routes import create_app
 from specserve.platform.events import Delta, Done
 from specserve.platform.service import Overloaded
 from specserve.platform.settings import PlatformSettings
@@ -101,7 +102,7 @@ def test_ray_wrapped_refusal_is_short_and_names_the_prompt(caplog):
     wrapped = ray_wrapped(ValueError(TOO_LONG))
     assert LEAKS.search(str(wrapped))  # the test's error does carry everything
     client = _client(FakeBackend(wrapped))
-    with caplog.at_level(logging.INFO, logger="specserve.platform.api.gateway"):
+    with caplog.at_level(logging.INFO, logger="specserve.platform.api.refusals"):
         chat = _chat(client, headers={"x-request-id": "trace-7"})
     assert chat.status_code == 400 and chat.headers["x-request-id"] == "trace-7"
     error = _assert_clean(chat)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from specserve.platform.api.gateway import Gateway, create_app
+from specserve.platform.api.gateway import Gateway
 from specserve.platform.api.metrics import Metrics
+from specserve.platform.api.routes import create_app
 from specserve.platform.backend import LocalBackend
 from specserve.platform.settings import PlatformSettings
 from specserve.platform.state.memory_store import MemoryStore

@@ -8,8 +8,9 @@ import json
 
 from fastapi.testclient import TestClient
 
-from specserve.platform.api.gateway import Gateway, create_app
+from specserve.platform.api.gateway import Gateway
 from specserve.platform.api.metrics import Metrics
+from specserve.platform.api.routes import create_app
 from specserve.platform.events import Delta, Done, DoneInfo, Usage
 from specserve.platform.settings import PlatformSettings
 from specserve.platform.state.memory_store import MemoryStore

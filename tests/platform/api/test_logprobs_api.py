@@ -19,8 +19,9 @@ from specserve.engine.logprobs import logprob_rows
 from specserve.engine.prompts import encode_messages, encode_prompt
 from specserve.engine.sampling import SamplingParams
 from specserve.models.load import LoadedModel
-from specserve.platform.api.gateway import Gateway, create_app
+from specserve.platform.api.gateway import Gateway
 from specserve.platform.api.metrics import Metrics
+from specserve.platform.api.routes import create_app
 from specserve.platform.backend import LocalBackend
 from specserve.platform.events import Delta, parse_event
 from specserve.platform.service import ModelService

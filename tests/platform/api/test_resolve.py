@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.platform.api.openai_api import ApiError
+from specserve.platform.api.errors import ApiError
 from specserve.platform.api.resolve import Access, StoreBreaker
 from specserve.platform.settings import TenantKeys
 

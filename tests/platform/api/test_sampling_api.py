@@ -18,8 +18,9 @@ from specserve.adapters.variants import PoolBook
 from specserve.engine.decode import Engine
 from specserve.engine.sampling import SamplingParams
 from specserve.models.load import LoadedModel
-from specserve.platform.api.gateway import Gateway, create_app
+from specserve.platform.api.gateway import Gateway
 from specserve.platform.api.metrics import Metrics
+from specserve.platform.api.routes import create_app
 from specserve.platform.backend import LocalBackend
 from specserve.platform.service import ModelService
 from specserve.platform.settings import PlatformSettings

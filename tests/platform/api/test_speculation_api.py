@@ -19,8 +19,9 @@ from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.variants import PoolBook
 from specserve.models.load import LoadedModel
-from specserve.platform.api.gateway import Gateway, create_app
+from specserve.platform.api.gateway import Gateway
 from specserve.platform.api.metrics import Metrics
+from specserve.platform.api.routes import create_app
 from specserve.platform.backend import LocalBackend
 from specserve.platform.service import ModelService
 from specserve.platform.settings import PlatformSettings

@@ -9,8 +9,9 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from specserve.platform.api.gateway import Gateway, create_app
+from specserve.platform.api.gateway import Gateway
 from specserve.platform.api.metrics import Metrics
+from specserve.platform.api.routes import create_app
 from specserve.platform.api.shaping import Reply, sse
 from specserve.platform.events import Delta
 from specserve.platform.service import ReplicaLost

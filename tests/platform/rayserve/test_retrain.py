@@ -16,8 +16,9 @@ from fastapi.testclient import TestClient
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec
 from specserve.platform.api.admin import Admin, admin_router
-from specserve.platform.api.gateway import Gateway, create_app
+from specserve.platform.api.gateway import Gateway
 from specserve.platform.api.metrics import Metrics
+from specserve.platform.api.routes import create_app
 from specserve.platform.backend import LocalBackend
 from specserve.platform.rayserve.job_dirs import drafter_dir
 from specserve.platform.rayserve.jobs import ThreadJobs

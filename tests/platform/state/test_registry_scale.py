@@ -12,8 +12,9 @@ from fastapi.testclient import TestClient
 
 from specserve.adapters.settings import AdapterLimits
 from specserve.platform.api.admin import Admin, admin_router
-from specserve.platform.api.gateway import Gateway, create_app
+from specserve.platform.api.gateway import Gateway
 from specserve.platform.api.metrics import Metrics
+from specserve.platform.api.routes import create_app
 from specserve.platform.backend import LocalBackend
 from specserve.platform.settings import PlatformSettings, TenantKeys
 from specserve.platform.state.call_store import CallStore

@@ -1,0 +1,193 @@
+"""The shape of the package, read statically: no import cycle between specserve modules (imports
+inside functions count), an import inside a function says why (`# lazy: <why>`), and no module
+over 350 lines or function over 60."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import test_layering as layering
+from test_layering import imports_of, module_files, module_name, modules, under
+
+MAX_MODULE_LINES = 350
+MAX_FUNCTION_LINES = 60
+
+
+def _relative(path: Path) -> Path:
+    return path.relative_to(layering.PACKAGE.parent)
+
+
+def _target(name: str) -> Path | None:
+    """The file that defines `name` inside specserve (the deepest module on its path)."""
+    files = module_files(name)
+    return files[-1] if files else None
+
+
+def import_graph(paths: list[Path]) -> dict[Path, set[Path]]:
+    """module file -> the module files it imports (anywhere in it), leaving out its own packages,
+    whose __init__ Python runs first anyway."""
+    graph: dict[Path, set[Path]] = {path: set() for path in paths}
+    for path in paths:
+        for item in imports_of(path):
+            target = _target(item.name) if under(item.name, "specserve") else None
+            if target is None or target == path:
+                continue
+            if target.name == "__init__.py" and path.is_relative_to(target.parent):
+                continue
+            graph[path].add(target)
+    return graph
+
+
+def cycles(graph: dict[Path, set[Path]]) -> list[list[Path]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
+    on_stack: set[Path] = set()
+    found: list[list[Path]] = []
+    for root, targets in graph.items():
+        if root in index:
+            continue
+        work = [(root, iter(sorted(targets)))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph.get(child, ())))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return found
+
+
+def unexplained_lazy_imports(path: Path, source: str | None = None) -> list[str]:
+    """Imports inside a function without a `# lazy: <why>` comment on their lines."""
+    source = source if source is not None else path.read_text()
+    lines = source.splitlines()
+    bad = []
+    for func in ast.walk(ast.parse(source)):
+        if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(func):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                text = " ".join(lines[node.lineno - 1 : node.end_lineno])
+                if "# lazy:" not in text:
+                    bad.append(f"{_relative(path)}:{node.lineno}")
+    return sorted(set(bad))
+
+
+def long_functions(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    return [
+        f"{_relative(path)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+
+
+def _shown(component: list[Path]) -> str:
+    return " <-> ".join(module_name(p) for p in component)
+
+
+def test_no_import_cycle_between_modules():
+    found = cycles(import_graph(modules()))
+    assert not found, "import cycles:\n" + "\n".join(_shown(c) for c in found)
+
+
+def test_imports_inside_functions_say_why():
+    bad = [where for path in modules() for where in unexplained_lazy_imports(path)]
+    assert not bad, "imports inside functions without `# lazy: <why>`:\n" + "\n".join(bad)
+
+
+def test_modules_are_small():
+    big = [
+        f"{_relative(p)} ({n} lines)"
+        for p in modules()
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not big, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(big)
+
+
+def test_functions_are_short():
+    bad = [where for path in modules() for where in long_functions(path)]
+    assert not bad, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(bad)
+
+
+# -- the checkers themselves
+
+
+def _package(tmp_path: Path, files: dict[str, str], monkeypatch) -> Path:
+    root = tmp_path / "specserve"
+    for name, text in {"__init__.py": "", **files}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    monkeypatch.setattr("test_layering.PACKAGE", root)
+    return root
+
+
+def test_a_cycle_through_a_function_import_is_found(tmp_path, monkeypatch):
+    root = _package(
+        tmp_path,
+        {
+            "a.py": "from specserve.b import x\n",
+            "b.py": "def f():\n    from specserve import a  # lazy: hides the cycle\n",
+            "c.py": "from specserve.a import y\n",
+            "pkg/__init__.py": "from specserve.pkg.d import z\n",
+            "pkg/d.py": "from specserve.pkg import e\n",
+            "pkg/e.py": "",
+        },
+        monkeypatch,
+    )
+    paths = sorted(root.rglob("*.py"))
+    assert cycles(import_graph(paths)) == [[root / "a.py", root / "b.py"]]
+
+
+def test_an_import_inside_a_function_needs_a_reason(tmp_path, monkeypatch):
+    root = _package(tmp_path, {}, monkeypatch)
+    source = (
+        "import json\n"
+        "def f():\n"
+        "    import torch  # lazy: the CLI starts without torch\n"
+        "    from os import (\n"
+        "        path,\n"
+        "    )\n"
+        "def g():\n"
+        "    def h():\n"
+        "        import ray\n"
+    )
+    assert unexplained_lazy_imports(root / "m.py", source) == [
+        "specserve/m.py:4",
+        "specserve/m.py:9",
+    ]
+
+
+@pytest.mark.parametrize(
+    "lines, too_long", [(MAX_FUNCTION_LINES, False), (MAX_FUNCTION_LINES + 1, True)]
+)
+def test_function_length_counts_def_to_last_line(tmp_path, monkeypatch, lines, too_long):
+    root = _package(tmp_path, {}, monkeypatch)
+    body = "".join(f"    x{i} = {i}\n" for i in range(lines - 1))
+    (root / "m.py").write_text("def f():\n" + body)
+    assert bool(long_functions(root / "m.py")) is too_long
