@@ -67,7 +67,8 @@ def cmd_train_drafter(args) -> int:
 
     from specserve.cli.target import load_command_target
     from specserve.training.corpus import CorpusSettings
-    from specserve.training.run import DrafterTrainSettings, train_drafter
+    from specserve.training.run import train_drafter
+    from specserve.training.settings import DrafterTrainSettings
 
     settings = DrafterTrainSettings(
         kind=args.kind,

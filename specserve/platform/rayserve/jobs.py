@@ -70,7 +70,8 @@ def run_drafter_job(
     variant's captured traffic."""
     from specserve.platform.rayserve.retrain import RetrainAsk, retrain_from_traffic
     from specserve.platform.serving import TargetSettings, load_target
-    from specserve.training.run import DrafterTrainSettings, train_drafter
+    from specserve.training.run import train_drafter
+    from specserve.training.settings import DrafterTrainSettings
 
     version = VersionRecord.model_validate(record)
     settings = PlatformSettings.from_args(args)

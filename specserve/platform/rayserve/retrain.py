@@ -82,6 +82,8 @@ def _train_and_compare(
     from specserve.platform.rayserve.jobs import drafter_dir
     from specserve.platform.serving import TargetSettings, load_target
     from specserve.training import run
+    from specserve.training.heldout import compare_on_traffic
+    from specserve.training.settings import DrafterTrainSettings
     from specserve.training.traffic import replacement
 
     key = version.key
@@ -96,7 +98,7 @@ def _train_and_compare(
         served.loaded.eos_token_ids,
     )
     budget = {"budget_minutes": budget_minutes} if budget_minutes else {}
-    train_settings = run.DrafterTrainSettings(kind=kind, **budget)
+    train_settings = DrafterTrainSettings(kind=kind, **budget)
     out = drafter_dir(settings, key, kind, record.revision)
     drafters = {
         "candidate": run.train_drafter(
@@ -110,9 +112,7 @@ def _train_and_compare(
         path = Path(status.artifact_dir)
         drafters["current"] = load_drafter(path, model, version.base_model, checked.sha256)
     _, recent = run.traffic_split(tokenizer, min(eos or {0}), samples, train_settings)
-    figures = run.compare_on_traffic(
-        model, tokenizer, eos, drafters, recent, train_settings, str(key)
-    )
+    figures = compare_on_traffic(model, tokenizer, eos, drafters, recent, train_settings, str(key))
     replace, reason = replacement(figures.get("current"), figures["candidate"], ask.min_gain)
     done = record.model_copy(
         update={
