@@ -151,6 +151,8 @@ class _Training:
         )
 
     def train(self, out_dir: Path, parts: _Parts, bar) -> Drafter:
+        """Teacher data -> draft vocabulary -> the kind's trainer -> held-out τ -> the artifact
+        saved in `out_dir`; returns the drafter."""
         out_dir.mkdir(parents=True, exist_ok=True)
         train, held, source = self.teacher_sets(parts, bar)
         draft_vocab = self.draft_vocab(train)
