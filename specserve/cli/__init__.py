@@ -1,6 +1,8 @@
 """The `specserve` command line: `main(argv)` runs one command. Each command's flags and body
 live in a module of this package: models, generate, tune, bench, training (train-drafter,
-finetune), up, drain, loadtest, variants; model commands load through platform/serving.py."""
+finetune), up, drain, loadtest, variants; model commands load through platform/serving.py.
+An import inside a function says `# lazy: +T (what it loads)`: the time it adds to the CLI's bare
+start (0.12 s: `specserve --help` and the admin commands), measured on the 2-core dev machine."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from specserve.cli.common import device_name, log, parse_overrides
+from specserve.cli.drafters import drafter_config, load_drafters
 from specserve.cli.tune import add_tuning_args, tuned_methods
 from specserve.engine.drafters.specs import KIND_NAMES
 
@@ -28,9 +29,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_bench(args) -> int:
-    from specserve.cli.drafters import load_drafters
-    from specserve.cli.target import compile_forward, load_command_target
-    from specserve.tools import bench
+    from specserve.cli.target import (  # lazy: +3.6 s (torch, transformers)
+        compile_forward,
+        load_command_target,
+    )
+    from specserve.tools import bench  # lazy: +4.5 s (torch, transformers)
 
     names, baselines = _checked_methods(args)
     drafter_kinds = [n for n in names if n in KIND_NAMES]
@@ -79,8 +82,8 @@ def cmd_bench(args) -> int:
 
 def _checked_methods(args) -> tuple[list[str], list[str]]:
     """(strategies, baselines) of the flags; unknown names fail before the model loads."""
-    from specserve.engine.proposers import REGISTRY
-    from specserve.tools import bench
+    from specserve.engine.proposers import REGISTRY  # lazy: +3 s (torch, transformers)
+    from specserve.tools import bench  # lazy: +4.5 s (torch, transformers)
 
     names = [s for s in args.strategies.split(",") if s]
     baselines = [b for b in args.baselines.split(",") if b]
@@ -94,8 +97,6 @@ def _checked_methods(args) -> tuple[list[str], list[str]]:
 
 def _size_drafters(args, drafters: dict, curve, methods: dict, choices: dict) -> None:
     """Each drafter's config: from --config, else its tree sized to the device cost curve."""
-    from specserve.cli.drafters import drafter_config
-
     overrides = parse_overrides(args.config, scoped=True)
     for kind, drafter in drafters.items():
         info: dict = {"chosen_from": "device cost curve"}
@@ -107,8 +108,11 @@ def _size_drafters(args, drafters: dict, curve, methods: dict, choices: dict) ->
 def _check_contract(report: dict, target, prompts, totals) -> None:
     """Every divergence from ar checked by plain forwards over the common prefix: a tie within
     the tolerance measured on calibration text, or a broken contract."""
-    from specserve.engine.ties import measure_tolerance, tolerance_sequences
-    from specserve.tools import bench
+    from specserve.engine.ties import (  # lazy: +3 s (torch, transformers)
+        measure_tolerance,
+        tolerance_sequences,
+    )
+    from specserve.tools import bench  # lazy: +4.5 s (torch, transformers)
 
     log("checking every divergence from ar (plain forwards over the common prefix) ...")
     model, tokenizer = target.loaded.model, target.loaded.tokenizer
@@ -124,9 +128,9 @@ def _check_contract(report: dict, target, prompts, totals) -> None:
 
 def _fp32_copy(args, loaded):
     """The served model in float32 (the same object when it already is), with the same adapter."""
-    import torch
+    import torch  # lazy: +1.4 s (torch)
 
-    from specserve.cli.target import load_command_target
+    from specserve.cli.target import load_command_target  # lazy: +3.6 s (torch, transformers)
 
     if loaded.dtype == torch.float32:
         return loaded.model
@@ -135,7 +139,7 @@ def _fp32_copy(args, loaded):
 
 
 def _write(args, report: dict) -> None:
-    from specserve.tools import bench
+    from specserve.tools import bench  # lazy: +4.5 s (torch, transformers)
 
     print(bench.format_table(report))
     if args.out:

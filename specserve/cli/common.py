@@ -1,12 +1,21 @@
-"""What the commands share: the model flags, KEY=VALUE overrides, the cache directory, a device's
-name for reports, and logging to stderr (stdout carries each command's result)."""
+"""What the commands share: the model flags, settings from flags named like their fields,
+KEY=VALUE overrides, the cache directory, a device's name for reports, and logging to stderr
+(stdout carries each command's result)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
 from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from specserve.paths import default_cache_dir
+
+SettingsT = TypeVar("SettingsT", bound=BaseModel)
 
 
 def log(msg: str) -> None:
@@ -37,10 +46,18 @@ def parse_overrides(items: list[str], scoped: bool) -> dict:
     return out
 
 
+def from_flags(settings: type[SettingsT], args: argparse.Namespace, **given) -> SettingsT:
+    """`settings` validated from the parsed flags named like its fields (`--max-new-tokens` fills
+    `max_new_tokens`), and `given` for the fields whose value is not a flag's as parsed.
+
+    Example: `from_flags(SamplingParams, args, stop=args.stop or [])` after `--top-k 5`.
+    """
+    flags = {name: getattr(args, name) for name in settings.model_fields if hasattr(args, name)}
+    return settings.model_validate(flags | given)
+
+
 def cache_dir(args) -> Path:
     """--cache-dir, else $SPECSERVE_CACHE or ~/.cache/specserve."""
-    from specserve.paths import default_cache_dir
-
     return args.cache_dir or default_cache_dir()
 
 
@@ -78,9 +95,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def device_name(device) -> str:
     """What a report names the device: "cuda (NVIDIA H200)", "cpu (AMD EPYC ..., 2 threads)"."""
-    import platform
-
-    import torch
+    import torch  # lazy: +1.4 s (torch)
 
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"

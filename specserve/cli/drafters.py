@@ -11,7 +11,7 @@ from specserve.cli.common import log
 def load_drafters(drafter_dir: Path, target, kinds: list[str]) -> dict:
     """kind -> Drafter from DIR/<kind>/ (or DIR itself when it holds one artifact), each checked
     against `target` (a `CommandTarget`: the served model and its adapter)."""
-    from specserve.engine.drafters.artifact import (
+    from specserve.engine.drafters.artifact import (  # lazy: +3 s (torch, transformers)
         MANIFEST,
         base_weights_sha256,
         load_drafter,
@@ -40,7 +40,10 @@ def load_drafters(drafter_dir: Path, target, kinds: list[str]) -> dict:
 def drafter_config(drafter, curve, info: dict | None = None) -> dict:
     """Tree size for this drafter on this device: expected τ / (verify + draft cost). `info`
     receives the measured draft cost and the predicted speedup."""
-    from specserve.engine.drafters.budget import measure_step_cost, tree_config
+    from specserve.engine.drafters.budget import (  # lazy: +3 s (torch, transformers)
+        measure_step_cost,
+        tree_config,
+    )
 
     step = measure_step_cost(drafter, curve)
     config = tree_config(drafter.kind, drafter.manifest.accept_rates, curve, step)

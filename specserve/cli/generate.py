@@ -7,8 +7,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from specserve.cli.common import add_model_args, parse_overrides
+from specserve.cli.common import add_model_args, from_flags, parse_overrides
+from specserve.cli.drafters import drafter_config, load_drafters
 from specserve.engine.drafters.specs import KIND_NAMES
+from specserve.engine.prompts import encode_prompt
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -32,22 +34,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_generate(args) -> int:
-    from specserve.cli.drafters import drafter_config, load_drafters
-    from specserve.cli.target import compile_forward, load_command_target
-    from specserve.engine.decode import Engine
-    from specserve.engine.prompts import encode_prompt
-    from specserve.engine.proposers import REGISTRY
-    from specserve.engine.sampling import SamplingParams
-    from specserve.platform.serving import cached_tuning
-
-    params = SamplingParams(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        stop=args.stop or [],
+    from specserve.cli.target import (  # lazy: +3.6 s (torch, transformers)
+        compile_forward,
+        load_command_target,
     )
+    from specserve.engine.decode import Engine  # lazy: +3 s (torch, transformers)
+    from specserve.engine.proposers import REGISTRY  # lazy: +3 s (torch, transformers)
+    from specserve.engine.sampling import SamplingParams  # lazy: +1 s (torch)
+    from specserve.platform.serving import cached_tuning  # lazy: +3 s (torch, transformers)
+
+    params = from_flags(SamplingParams, args, stop=args.stop or [])
     config = parse_overrides(args.config, scoped=False)
     REGISTRY.config(args.strategy, config)  # fail on a bad strategy before loading the model
     kinds = [args.strategy] if args.strategy in KIND_NAMES else []

@@ -73,10 +73,10 @@ def _add_stress_args(lt: argparse.ArgumentParser) -> None:
 
 
 def cmd_loadtest(args) -> int:
-    import torch
+    import torch  # lazy: +1.4 s (torch)
 
-    from specserve.platform.api.client import AdminClient
-    from specserve.tools import loadtest
+    from specserve.platform.api.client import AdminClient  # lazy: +7 ms (http.client, ssl)
+    from specserve.tools import loadtest  # lazy: +41 ms (76 modules)
 
     levels = [int(c) for c in args.concurrency.split(",") if c]
     modes = [m for m in args.modes.split(",") if m]
@@ -141,7 +141,7 @@ def _ensure_variants(args, client, names: list[str]) -> None:
 def _run_modes(args, client, names, traffic, tasks, levels, modes) -> tuple[dict, dict]:
     """(mode -> level -> summary, mode -> level -> where the engine loop's time went) of
     `traffic`; every variant's strategy forced per mode, and back to the policy's afterwards."""
-    from specserve.tools import loadtest
+    from specserve.tools import loadtest  # lazy: +41 ms (76 modules)
 
     results: dict[str, dict[str, dict]] = {}
     engine: dict[str, dict[str, dict | None]] = {}
@@ -171,7 +171,7 @@ def _run_modes(args, client, names, traffic, tasks, levels, modes) -> tuple[dict
 
 def _stress(args, traffic, capacity: int, report: dict) -> None:
     """The overload and disconnect phases of `traffic`, when their flags are on, into `report`."""
-    from specserve.tools import loadtest
+    from specserve.tools import loadtest  # lazy: +41 ms (76 modules)
 
     if args.overload_factor > 0:
         clients = int(args.overload_factor * capacity)

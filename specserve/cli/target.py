@@ -8,7 +8,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from specserve.cli.common import cache_dir, log
+from specserve.adapters.settings import AdapterLimits
+from specserve.cli.common import cache_dir, from_flags, log
+from specserve.engine import compile_choice, compiled
+from specserve.engine.lora_batch import takes_adapters
 from specserve.platform.serving import ServedModel, TargetSettings, load_target
 
 ADAPTER_NAME = "adapter@1"  # the resident name of a command line --adapter
@@ -30,12 +33,11 @@ class CommandTarget:
 
 def target_settings(args, dtype: str | None = None) -> TargetSettings:
     """The model flags (and --adapter, allowed from its own directory) as the root's settings."""
-    from specserve.adapters.settings import AdapterLimits
-
     adapter = getattr(args, "adapter", None)
-    return TargetSettings(
+    return from_flags(
+        TargetSettings,
+        args,
         source=str(args.model),
-        device=args.device,
         dtype=dtype or args.dtype,
         float32_logits=getattr(args, "logits", "model") == "float32",
         cache_dir=cache_dir(args),
@@ -58,9 +60,6 @@ def load_command_target(args, dtype: str | None = None) -> CommandTarget:
 def compile_forward(args, served: ServedModel, features: bool = False) -> dict:
     """Compile the target's verify forward when `--compile` decides so (warming it now, with the
     measurement cached for `auto`); returns the bench/tune record of what was decided."""
-    from specserve.engine import compile_choice, compiled
-    from specserve.engine.lora_batch import takes_adapters
-
     loaded, mode = served.loaded, getattr(args, "compile", "off")
     record = compile_choice.cached_record(
         served.cache_dir, loaded.model_id, loaded.device, loaded.dtype

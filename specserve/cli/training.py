@@ -10,8 +10,11 @@ import json
 import sys
 from pathlib import Path
 
-from specserve.cli.common import add_model_args, log, parse_overrides
+from specserve.adapters.fingerprint import adapter_sha256
+from specserve.adapters.settings import AdapterLimits
+from specserve.cli.common import add_model_args, cache_dir, from_flags, log, parse_overrides
 from specserve.engine.drafters.specs import KIND_NAMES
+from specserve.files import file_sha256
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -63,17 +66,14 @@ def cmd_train_drafter(args) -> int:
         return retrain_from_traffic(args)
     if args.out is None:
         raise ValueError("train-drafter: --out is required (or --from-traffic VARIANT)")
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: +10 ms, only this command draws bars
 
-    from specserve.cli.target import load_command_target
-    from specserve.training.corpus import CorpusSettings
-    from specserve.training.run import DrafterTrainSettings, train_drafter
+    from specserve.cli.target import load_command_target  # lazy: +3.6 s (torch, transformers)
+    from specserve.training.corpus import CorpusSettings  # lazy: +3.5 s (torch, peft)
+    from specserve.training.run import train_drafter  # lazy: +7.8 s (torch, peft)
+    from specserve.training.settings import DrafterTrainSettings  # lazy: +3.5 s (torch, peft)
 
-    settings = DrafterTrainSettings(
-        kind=args.kind,
-        budget_minutes=args.budget_minutes,
-        corpus=CorpusSettings(files=args.data),
-    )
+    settings = from_flags(DrafterTrainSettings, args, corpus=CorpusSettings(files=args.data))
     target = load_command_target(args)
     loaded = target.loaded
     drafter = train_drafter(
@@ -96,8 +96,7 @@ def cmd_train_drafter(args) -> int:
 def retrain_from_traffic(args) -> int:
     """Ask the server to retrain, follow it, print the drafter's status (the decision, its
     figures and reason are its last `retrains` entry)."""
-    from specserve.cli.common import cache_dir
-    from specserve.platform.api.client import AdminClient
+    from specserve.platform.api.client import AdminClient  # lazy: +7 ms (http.client, ssl)
 
     client = AdminClient.from_env(args.url, args.token, cache_dir(args))
     name = args.from_traffic
@@ -112,13 +111,14 @@ def retrain_from_traffic(args) -> int:
 
 
 def cmd_finetune(args) -> int:
-    from specserve.adapters.fingerprint import adapter_sha256
-    from specserve.adapters.resident import base_model_names
-    from specserve.adapters.settings import AdapterLimits
-    from specserve.adapters.validate import BaseModelSpec, validate_adapter
-    from specserve.cli.target import load_command_target
-    from specserve.files import file_sha256
-    from specserve.training.finetune import FinetuneConfig, finetune, load_examples
+    from specserve.adapters.resident import base_model_names  # lazy: +1 s (torch)
+    from specserve.adapters.validate import BaseModelSpec, validate_adapter  # lazy: +1.3 s (torch)
+    from specserve.cli.target import load_command_target  # lazy: +3.6 s (torch, transformers)
+    from specserve.training.finetune import (  # lazy: +5.4 s (torch, peft)
+        FinetuneConfig,
+        finetune,
+        load_examples,
+    )
 
     overrides = parse_overrides(args.config, scoped=False)
     if args.budget_minutes is not None:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from specserve.cli.common import add_model_args, log, parse_overrides
+from specserve.engine.prompts import calibration_prompts, encode_prompt
 
 
 def add_tuning_args(p: argparse.ArgumentParser) -> None:
@@ -29,10 +30,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 def tuned_methods(args, served, strategies: list[str]):
     """(engine padding to the device's cheapest widths, strategy -> config, strategy -> tuning
     record, cost curve): configs tuned from the curve unless overridden on the command line."""
-    from specserve.engine.cost import load_or_measure
-    from specserve.engine.decode import Engine
-    from specserve.engine.prompts import calibration_prompts, encode_prompt
-    from specserve.engine.tuning import load_or_tune
+    from specserve.engine.cost import load_or_measure  # lazy: +3 s (torch, transformers)
+    from specserve.engine.decode import Engine  # lazy: +3 s (torch, transformers)
+    from specserve.engine.tuning import load_or_tune  # lazy: +3 s (torch, transformers)
 
     loaded = served.loaded
     overrides = parse_overrides(getattr(args, "config", []), scoped=True)
@@ -63,8 +63,11 @@ def tuned_methods(args, served, strategies: list[str]):
 
 
 def cmd_tune(args) -> int:
-    from specserve.cli.target import compile_forward, load_command_target
-    from specserve.engine.lora_batch import lora_rows
+    from specserve.cli.target import (  # lazy: +3.6 s (torch, transformers)
+        compile_forward,
+        load_command_target,
+    )
+    from specserve.engine.lora_batch import lora_rows  # lazy: +1.2 s (torch)
 
     target = load_command_target(args)
     loaded = target.loaded

@@ -12,7 +12,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import peft
@@ -163,6 +163,34 @@ def finetune(
     held, train = examples[:n_held], examples[n_held:]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     torch.manual_seed(config.seed)
+    base_dtype = str(model.dtype)
+    model = _with_lora(model, config)  # LoRA weights in float32 (peft's default upcast)
+    loss_before = mean_loss(model.eval(), held, config, pad_id) if held else None
+    fit = _fit(model, train, config, pad_id, rng)
+    model.eval()
+    loss_after = mean_loss(model, held, config, pad_id) if held else None
+    model.peft_config["default"].base_model_name_or_path = base_name
+    model.save_pretrained(out_dir, safe_serialization=True, save_embedding_layers=False)
+    losses = fit.losses
+    record = {
+        "base_model": base_name,
+        "data": data_desc,
+        "config": config.model_dump(),
+        "examples": {"train": len(train), "held_out": len(held)},
+        "steps": fit.steps,
+        "dtype": base_dtype,  # the frozen base's; the trained LoRA weights are float32
+        "adapter_dtype": str(next(p for p in model.parameters() if p.requires_grad).dtype),
+        "stopped_by": fit.stopped_by,
+        "seconds": round(time.monotonic() - fit.started, 1),
+        "train_loss_first_last": [round(losses[0], 4), round(losses[-1], 4)] if losses else None,
+        "held_out_loss_before_after": [loss_before, loss_after],
+    }
+    (Path(out_dir) / RECORD_FILE).write_text(json.dumps(record, indent=1))
+    return record
+
+
+def _with_lora(model, config: FinetuneConfig):
+    """`model` wrapped by peft with a fresh LoRA adapter of `config`'s shape."""
     lora = peft.LoraConfig(
         r=config.rank,
         lora_alpha=config.alpha,
@@ -170,16 +198,28 @@ def finetune(
         target_modules=config.target_modules or list(families.family_of(model.config).lora_targets),
         task_type="CAUSAL_LM",
     )
-    base_dtype = str(model.dtype)
-    model = peft.get_peft_model(model, lora)  # LoRA weights in float32 (peft's default upcast)
-    loss_before = mean_loss(model.eval(), held, config, pad_id) if held else None
+    return peft.get_peft_model(model, lora)
+
+
+@dataclass
+class _Fit:
+    """How a fine-tune's training went: when it started, its steps and their losses, and whether
+    it ran all epochs or stopped at the time budget."""
+
+    started: float
+    steps: int = 0
+    losses: list[float] = field(default_factory=list)
+    stopped_by: str = "epochs"
+
+
+def _fit(model, train: list[Example], config: FinetuneConfig, pad_id: int, rng) -> _Fit:
+    """Train `model`'s trainable weights over `train` for the epochs or until the budget ends."""
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate
     )
-    steps_per_epoch = math.ceil(len(train) / config.batch_size)
-    total_steps = steps_per_epoch * config.epochs
+    total_steps = math.ceil(len(train) / config.batch_size) * config.epochs
     deadline = time.monotonic() + 60 * config.budget_minutes
-    started, step, losses, stopped_by = time.monotonic(), 0, [], "epochs"
+    fit = _Fit(started=time.monotonic())
     schedule_steps = total_steps
     model.train()
     with tqdm(total=total_steps, desc="finetune", unit="step", file=sys.stderr) as bar:
@@ -187,41 +227,23 @@ def finetune(
             rng.shuffle(train)
             for i in range(0, len(train), config.batch_size):
                 if time.monotonic() > deadline:
-                    stopped_by = "budget"
+                    fit.stopped_by = "budget"
                     break
+                step = fit.steps
                 if step == 5:  # fix the schedule's length once: all steps, or what the budget fits
-                    fits = int((deadline - started) / ((time.monotonic() - started) / step))
+                    fits = int((deadline - fit.started) / ((time.monotonic() - fit.started) / step))
                     schedule_steps = max(min(total_steps, fits), step + 1)
-                lr = lr_at(config.learning_rate, step, schedule_steps)
                 for group in optimizer.param_groups:
-                    group["lr"] = lr
+                    group["lr"] = lr_at(config.learning_rate, step, schedule_steps)
                 loss = model(**collate(train[i : i + config.batch_size], pad_id, model.device)).loss
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                losses.append(loss.item())
-                step += 1
+                fit.losses.append(loss.item())
+                fit.steps += 1
                 bar.update(1)
-                bar.set_postfix(loss=f"{losses[-1]:.3f}")
-            if stopped_by == "budget":
+                bar.set_postfix(loss=f"{fit.losses[-1]:.3f}")
+            if fit.stopped_by == "budget":
                 break
-    model.eval()
-    loss_after = mean_loss(model, held, config, pad_id) if held else None
-    model.peft_config["default"].base_model_name_or_path = base_name
-    model.save_pretrained(out_dir, safe_serialization=True, save_embedding_layers=False)
-    record = {
-        "base_model": base_name,
-        "data": data_desc,
-        "config": config.model_dump(),
-        "examples": {"train": len(train), "held_out": len(held)},
-        "steps": step,
-        "dtype": base_dtype,  # the frozen base's; the trained LoRA weights are float32
-        "adapter_dtype": str(next(p for p in model.parameters() if p.requires_grad).dtype),
-        "stopped_by": stopped_by,
-        "seconds": round(time.monotonic() - started, 1),
-        "train_loss_first_last": [round(losses[0], 4), round(losses[-1], 4)] if losses else None,
-        "held_out_loss_before_after": [loss_before, loss_after],
-    }
-    (Path(out_dir) / RECORD_FILE).write_text(json.dumps(record, indent=1))
-    return record
+    return fit

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from pydantic import BaseModel
@@ -22,10 +22,9 @@ from specserve.engine.proposers.base import Registry
 from specserve.engine.proposers.eagle import EAGLE_KIND
 from specserve.engine.proposers.kinds import DrafterKind
 from specserve.engine.proposers.medusa import MEDUSA_KIND
-from specserve.training import examples, trainers
-
-if TYPE_CHECKING:
-    from specserve.training.run import DrafterTrainSettings
+from specserve.training import examples
+from specserve.training.settings import DrafterTrainSettings
+from specserve.training.trainers import eagle, medusa
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ def _train_medusa(job: TrainingJob) -> Trained:
         examples.medusa_rows(s.tokens, s.prompt_lens, s.features, s.greedy, heads, job.index)
         for s in (job.train, job.heldout)
     )
-    state = trainers.train_medusa(
+    state = medusa.train_medusa(
         job.module,
         job.rows_w,
         train,
@@ -101,7 +100,7 @@ def _train_medusa(job: TrainingJob) -> Trained:
         job.progress,
         held,
     )
-    return Trained(state, trainers.medusa_accept_rates(job.module, job.rows_w, held, job.spec.topk))
+    return Trained(state, medusa.medusa_accept_rates(job.module, job.rows_w, held, job.spec.topk))
 
 
 def _eagle_spec(settings: DrafterTrainSettings, vocab_size: int) -> EagleSpec:
@@ -126,7 +125,7 @@ def _train_eagle(job: TrainingJob) -> Trained:
         std = torch.cat([f[:, 0].float() for f in job.train.features]).std(
             0
         )  # [H] of the input layer
-    state = trainers.train_eagle(
+    state = eagle.train_eagle(
         job.module,
         job.target,
         job.rows_w,
@@ -138,7 +137,7 @@ def _train_eagle(job: TrainingJob) -> Trained:
         std,
         held,
     )
-    acc = trainers.eagle_accept_rates(
+    acc = eagle.eagle_accept_rates(
         job.module, job.target, job.rows_w, held, ts.eval_depth, ts.eval_topk
     )
     return Trained(state, acc)

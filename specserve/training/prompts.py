@@ -9,6 +9,7 @@ problems, translation of simple sentences).
 from __future__ import annotations
 
 import random
+from pydoc_data.topics import topics
 
 SOURCE = (
     "synthesized: pydoc_data.topics passages (summarize/explain/QA/translate) + instructions "
@@ -129,8 +130,6 @@ ITEMS = ["apples", "notebooks", "tickets", "shirts", "pencils", "cups of tea", "
 
 def doc_passages(chars: int) -> list[tuple[str, str]]:
     """(topic, passage) for consecutive `chars`-long chunks of every topic's text."""
-    from pydoc_data.topics import topics
-
     out = []
     for name in sorted(topics):
         text = topics[name]

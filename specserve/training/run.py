@@ -4,20 +4,21 @@
 Steps: the fixed corpus (`corpus`; with served traffic, `traffic_corpus` too: its most recent
 requests are the held-out set, its older ones train beside the corpus) -> teacher data by
 prefill (`features`, cached per model + adapter + dtype + layers + corpus, shared by every kind
-and budget) -> draft vocabulary (the target's most frequent greedy tokens) -> the kind's trainer (`kinds.TRAINERS`) -> held-out
-acceptance rates and τ -> artifact. Nothing is generated before training.
+and budget) -> draft vocabulary (the target's most frequent greedy tokens) -> the kind's trainer
+(`kinds.TRAINERS`) -> held-out acceptance rates and τ -> artifact. Nothing is generated before
+training.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-from specserve.engine.decode import Engine
 from specserve.engine.drafters.artifact import (
     Drafter,
     Manifest,
@@ -25,48 +26,34 @@ from specserve.engine.drafters.artifact import (
     build_module,
     save_drafter,
 )
-from specserve.engine.drafters.specs import EagleSpec, KindName, MedusaSpec
 from specserve.engine.drafters.vocab import head_rows
 from specserve.engine.lora_batch import lora_rows
-from specserve.engine.sampling import SamplingParams
-from specserve.training import examples, trainers
-from specserve.training.corpus import Corpus, CorpusSettings, build_corpus, traffic_corpus
+from specserve.training import examples
+from specserve.training.corpus import Corpus, build_corpus, traffic_corpus
 from specserve.training.data import frequent_vocab, token_counts
 from specserve.training.features import cache_key, teacher_data
-from specserve.training.kinds import TRAINERS, Sequences, TrainingJob
-from specserve.training.traffic import HeldoutFigures, ServedExample
+from specserve.training.heldout import heldout_tau
+from specserve.training.kinds import TRAINERS, Sequences, Trained, TrainingJob
+from specserve.training.settings import DrafterTrainSettings
+from specserve.training.traffic import ServedExample
 
 
-class DrafterTrainSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def _quiet(msg: str) -> None:
+    pass
 
-    kind: KindName
-    budget_minutes: float = Field(20.0, gt=0, description="whole command, teacher prefill included")
-    corpus: CorpusSettings = CorpusSettings()
-    features_share: float = Field(
-        0.5, gt=0, le=1, description="most of the budget teacher prefill may take (cached: none)"
-    )
-    prefill_tokens: int = Field(4096, ge=16, description="padded tokens per prefill batch")
-    heldout: int = Field(48, ge=1, description="corpus sequences kept out of training")
-    traffic_heldout: float = Field(
-        0.25, gt=0, lt=1, description="share of served traffic, the most recent, held out"
-    )
-    traffic_weight: int = Field(
-        4, ge=1, description="each served request trains this many times per epoch"
-    )
-    traffic_eval_prompts: int = Field(
-        24, ge=1, description="held-out served prompts (the most recent) drafters are compared on"
-    )
-    draft_vocab: int = Field(8192, ge=16)
-    eagle_context: int = Field(
-        64, ge=1, description="prompt tokens kept before each answer in EAGLE training rows"
-    )
-    eval_seconds: float = Field(60, ge=0, description="time reserved for held-out evaluation")
-    tau_prompts: int = Field(6, ge=0, description="held-out prompts decoded to measure τ")
-    tau_tokens: int = Field(64, ge=1, description="tokens decoded per held-out τ prompt")
-    medusa: MedusaSpec = MedusaSpec()
-    eagle: EagleSpec = EagleSpec()
-    trainer: trainers.TrainerSettings = trainers.TrainerSettings()
+
+@dataclass(frozen=True)
+class TrainRun:
+    """Who trains a drafter, and how: the loaded target (plain, or the base under the adapter
+    whose sha256 is `adapter_sha256`), its identity, the settings and where progress is logged."""
+
+    model: Any
+    tokenizer: Any
+    model_id: str
+    eos_ids: frozenset[int]
+    settings: DrafterTrainSettings
+    adapter_sha256: str | None = None
+    log: Callable[[str], object] = _quiet
 
 
 def train_drafter(
@@ -78,7 +65,7 @@ def train_drafter(
     settings: DrafterTrainSettings,
     adapter_sha256: str | None = None,
     data_dir: Path | None = None,
-    log: Callable[[str], object] = lambda msg: None,
+    log: Callable[[str], object] = _quiet,
     progress_bar: Callable | None = None,
     adapter: str | None = None,
     served: list[ServedExample] | None = None,
@@ -89,11 +76,13 @@ def train_drafter(
     set_postfix_str(s), close()). `adapter`: the resident adapter every forward of the target
     applies (None: the model as it is). `served`: the variant's traffic, oldest first (its
     teacher data goes to `traffic_dir`, default `out_dir`/traffic, which the caller owns)."""
-    run = _Run(model, tokenizer, model_id, eos_ids, settings, adapter_sha256, log)
+    training = _Training(
+        TrainRun(model, tokenizer, model_id, eos_ids, settings, adapter_sha256, log)
+    )
     out_dir = Path(out_dir)
     parts = _Parts(Path(data_dir or out_dir), Path(traffic_dir or out_dir / "traffic"), served)
     with lora_rows(model, [adapter]):
-        return run.train(out_dir, parts, progress_bar or _NoBar)
+        return training.train(out_dir, parts, progress_bar or _NoBar)
 
 
 class _Parts:
@@ -103,7 +92,7 @@ class _Parts:
     def __init__(self, data_dir: Path, traffic_dir: Path, served: list[ServedExample] | None):
         self.data_dir, self.traffic_dir, self.served = data_dir, traffic_dir, served
 
-    def split(self, run: _Run, eos_id: int):
+    def split(self, run: TrainRun, eos_id: int):
         """([(corpus, its teacher dir, repeats)] to train on, (held-out corpus, its dir), the
         corpora's description). Without traffic the corpus's last sequences are held out."""
         s = run.settings
@@ -121,24 +110,24 @@ class _Parts:
         return train, (recent, self.traffic_dir), source
 
 
-class _Run:
-    """One training: the target, its identity and the settings, shared by the steps below."""
+class _Training:
+    """One training of `run`: its clock, the target's weights digest and the kind's trainer,
+    shared by the steps below."""
 
-    def __init__(self, model, tokenizer, model_id, eos_ids, settings, adapter_sha256, log):
-        self.model, self.tokenizer, self.model_id = model, tokenizer, model_id
-        self.eos_ids, self.settings, self.log = eos_ids, settings, log
-        self.adapter_sha256 = adapter_sha256
+    def __init__(self, run: TrainRun):
+        self.run, self.model, self.log = run, run.model, run.log
+        self.settings = run.settings
         self.started = time.monotonic()
-        self.budget_s = settings.budget_minutes * 60
-        self.weights = base_weights_sha256(model)
-        self.trainer = TRAINERS.get(settings.kind)
+        self.budget_s = run.settings.budget_minutes * 60
+        self.weights = base_weights_sha256(run.model)
+        self.trainer = TRAINERS.get(run.settings.kind)
 
     def sequences(self, corpus: Corpus, data_dir: Path, layers, deadline, bar) -> Sequences:
         """The corpus's teacher data, cached under data_dir; sequences not reached are dropped."""
         data_dir.mkdir(parents=True, exist_ok=True)
         distinct = tuple(dict.fromkeys(layers))  # one cache for every kind that reads these layers
         key = cache_key(
-            self.weights, self.adapter_sha256, self.model.dtype, distinct, corpus.digest
+            self.weights, self.run.adapter_sha256, self.model.dtype, distinct, corpus.digest
         )
         pbar = bar(len(corpus.sequences), "teacher")
         teacher = teacher_data(
@@ -162,11 +151,43 @@ class _Run:
         )
 
     def train(self, out_dir: Path, parts: _Parts, bar) -> Drafter:
-        s = self.settings
+        """Teacher data -> draft vocabulary -> the kind's trainer -> held-out τ -> the artifact
+        saved in `out_dir`; returns the drafter."""
         out_dir.mkdir(parents=True, exist_ok=True)
-        train_parts, (held_c, held_dir), source = parts.split(self, min(self.eos_ids or {0}))
-        spec0 = self.trainer.spec(s, s.draft_vocab)
-        layers = self.trainer.teacher_layers(spec0)
+        train, held, source = self.teacher_sets(parts, bar)
+        draft_vocab = self.draft_vocab(train)
+        spec = self.trainer.spec(self.settings, len(draft_vocab))
+        module = build_module(self.model, spec).to(self.model.device).float()
+        job = self.job(module, spec, draft_vocab, train, held, out_dir / "checkpoint.pt")
+        tbar = bar(None, f"train {self.trainer.name}")
+        trained = self.trainer.train(replace(job, progress=_progress(tbar)))
+        tbar.close()
+        module.to(self.model.dtype).eval()
+        for p in module.parameters():
+            p.requires_grad_(False)
+        acc = trained.accept_rates
+        self.log("held-out acceptance (rank 0 per depth): " + ", ".join(f"{a[0]:.2f}" for a in acc))
+        manifest = self.manifest(spec, draft_vocab, trained, source, train, held)
+        drafter = Drafter(manifest, spec, module, draft_vocab.to(self.model.device), self.model)
+        prompts = [t[:p] for t, p in zip(held.tokens, held.prompt_lens)]
+        run = self.run
+        tau, config = heldout_tau(
+            self.model, run.tokenizer, run.eos_ids, drafter, prompts, job.settings
+        )
+        manifest.heldout_tau = tau
+        manifest.training["heldout_tau_config"] = config
+        save_drafter(out_dir, manifest, module, draft_vocab)
+        self.log(f"saved {self.trainer.name} drafter to {out_dir} (held-out τ {tau})")
+        return drafter
+
+    def teacher_sets(self, parts: _Parts, bar) -> tuple[Sequences, Sequences, str]:
+        """(training sequences, held-out sequences, their description) with teacher data; the
+        training ones only as far as the budget's `features_share` reaches."""
+        s = self.settings
+        train_parts, (held_c, held_dir), source = parts.split(
+            self.run, min(self.run.eos_ids or {0})
+        )
+        layers = self.trainer.teacher_layers(self.trainer.spec(s, s.draft_vocab))
         total = len(held_c.sequences) + sum(len(c.sequences) for c, _, _ in train_parts)
         self.log(f"teacher data (layers {layers}) for {total} sequences ({source}) ...")
         held = self.sequences(held_c, held_dir, layers, None, bar)
@@ -177,73 +198,51 @@ class _Run:
         )
         if len(train.tokens) < 2:
             raise ValueError("train-drafter: no time left for teacher data; raise the budget")
-        vocab_size = self.model.config.vocab_size
+        return train, held, source
+
+    def draft_vocab(self, train: Sequences) -> torch.Tensor:
+        """The target's most frequent greedy tokens over the training answers."""
         counts = token_counts(
-            [g[p - 1 :].tolist() for g, p in zip(train.greedy, train.prompt_lens)], vocab_size
+            [g[p - 1 :].tolist() for g, p in zip(train.greedy, train.prompt_lens)],
+            self.model.config.vocab_size,
         )
-        draft_vocab = frequent_vocab(counts, s.draft_vocab)
-        spec = self.trainer.spec(s, len(draft_vocab))
-        if s.trainer.autocast == "auto":  # bf16 autocast where the target serves bf16
-            precision = "bfloat16" if self.model.dtype == torch.bfloat16 else "off"
-            s = s.model_copy(
-                update={"trainer": s.trainer.model_copy(update={"autocast": precision})}
-            )
-        module = build_module(self.model, spec).to(self.model.device).float()
+        return frequent_vocab(counts, self.settings.draft_vocab)
+
+    def job(self, module, spec, draft_vocab, train, held, ckpt: Path) -> TrainingJob:
+        """What the kind's trainer gets, with the time left after evaluation's share (no
+        progress callback yet)."""
         rows_w = head_rows(self.model, draft_vocab.to(self.model.device)).float()
-        ckpt = out_dir / "checkpoint.pt"
-        train_s = self.budget_s - (time.monotonic() - self.started) - s.eval_seconds
+        train_s = self.budget_s - (time.monotonic() - self.started) - self.settings.eval_seconds
         if ckpt.exists():
             self.log(f"resuming from {ckpt}")
         self.log(
             f"training {self.trainer.name} for up to {max(train_s, 0):.0f}s on "
             f"{sum(map(len, train.tokens))} tokens of {len(train.tokens)} sequences ..."
         )
-        tbar = bar(None, f"train {self.trainer.name}")
-
-        def progress(state):
-            tbar.update(1)
-            recent = state["losses"][-20:]
-            tbar.set_postfix_str(f"loss {sum(recent) / len(recent):.3f} ep {state['epoch']}")
-
-        job = TrainingJob(
+        return TrainingJob(
             module=module,
             target=self.model,
             rows_w=rows_w,
-            index=examples.vocab_index(draft_vocab, vocab_size),
+            index=examples.vocab_index(draft_vocab, self.model.config.vocab_size),
             train=train,
             heldout=held,
             spec=spec,
-            settings=s,
+            settings=_with_precision(self.settings, self.model.dtype),
             budget_s=max(train_s, 1.0),
             checkpoint=ckpt,
-            progress=progress,
+            progress=_quiet,
         )
-        trained = self.trainer.train(job)
-        tbar.close()
-        module.to(self.model.dtype).eval()
-        for p in module.parameters():
-            p.requires_grad_(False)
-        acc = trained.accept_rates
-        self.log("held-out acceptance (rank 0 per depth): " + ", ".join(f"{a[0]:.2f}" for a in acc))
-        manifest = self.manifest(spec, draft_vocab, acc, trained.state, source, train, held)
-        drafter = Drafter(manifest, spec, module, draft_vocab.to(self.model.device), self.model)
-        prompts = [t[:p] for t, p in zip(held.tokens, held.prompt_lens)]
-        tau, config = heldout_tau(self.model, self.tokenizer, self.eos_ids, drafter, prompts, s)
-        manifest.heldout_tau = tau
-        manifest.training["heldout_tau_config"] = config
-        save_drafter(out_dir, manifest, module, draft_vocab)
-        self.log(f"saved {self.trainer.name} drafter to {out_dir} (held-out τ {tau})")
-        return drafter
 
-    def manifest(self, spec, draft_vocab, acc, state, source: str, train, held) -> Manifest:
+    def manifest(self, spec, draft_vocab, trained: Trained, source: str, train, held) -> Manifest:
+        state = trained.state
         return Manifest(
             kind=self.trainer.name,
-            base_model_id=self.model_id,
+            base_model_id=self.run.model_id,
             base_weights_sha256=self.weights,
-            adapter_sha256=self.adapter_sha256,
+            adapter_sha256=self.run.adapter_sha256,
             spec=spec,
             draft_vocab_size=len(draft_vocab),
-            accept_rates=[[round(x, 4) for x in row] for row in acc],
+            accept_rates=[[round(x, 4) for x in row] for row in trained.accept_rates],
             feature_dtype=str(self.model.dtype),  # teacher data from the target as loaded
             training={
                 "data": source,
@@ -266,6 +265,26 @@ class _Run:
         )
 
 
+def _with_precision(settings: DrafterTrainSettings, dtype) -> DrafterTrainSettings:
+    """`autocast: auto` resolved: bf16 autocast where the target serves bf16, else off."""
+    if settings.trainer.autocast != "auto":
+        return settings
+    precision = "bfloat16" if dtype == torch.bfloat16 else "off"
+    trainer = settings.trainer.model_copy(update={"autocast": precision})
+    return settings.model_copy(update={"trainer": trainer})
+
+
+def _progress(tbar) -> Callable[[dict], None]:
+    """The training loop's progress callback: one bar step, the recent mean loss and epoch."""
+
+    def progress(state: dict) -> None:
+        tbar.update(1)
+        recent = state["losses"][-20:]
+        tbar.set_postfix_str(f"loss {sum(recent) / len(recent):.3f} ep {state['epoch']}")
+
+    return progress
+
+
 def traffic_split(
     tokenizer, eos_id: int, served: list[ServedExample], settings: DrafterTrainSettings
 ) -> tuple[Corpus, Corpus]:
@@ -276,57 +295,6 @@ def traffic_split(
     if len(traffic.sequences) < held_n + 1:
         raise ValueError(f"train-drafter: {len(traffic.sequences)} usable served requests (need 2)")
     return traffic.split(held_n)
-
-
-def compare_on_traffic(
-    model,
-    tokenizer,
-    eos_ids,
-    drafters: dict,
-    recent: Corpus,
-    settings: DrafterTrainSettings,
-    adapter: str | None = None,
-) -> dict[str, HeldoutFigures]:
-    """name -> held-out figures of each drafter decoding the same recent served prompts (with
-    `adapter` applied, as it serves)."""
-    prompts = [t[:p] for t, p in zip(recent.sequences, recent.prompt_lens)]
-    prompts = prompts[-settings.traffic_eval_prompts :]
-    with lora_rows(model, [adapter]):
-        return {
-            name: heldout_figures(model, tokenizer, eos_ids, d, prompts, settings.tau_tokens)
-            for name, d in drafters.items()
-        }
-
-
-def heldout_tau(
-    model, tokenizer, eos_ids, drafter: Drafter, prompts, settings
-) -> tuple[float | None, dict]:
-    """Mean τ of greedy decoding of held-out prompts with the drafter (a mid-size tree)."""
-    config = TRAINERS.get(drafter.kind).heldout_config
-    if not settings.tau_prompts:
-        return None, config
-    figures = heldout_figures(
-        model, tokenizer, eos_ids, drafter, prompts[: settings.tau_prompts], settings.tau_tokens
-    )
-    return round(figures.tau, 3), config
-
-
-def heldout_figures(
-    model, tokenizer, eos_ids, drafter: Drafter, prompts: list[list[int]], tokens: int
-) -> HeldoutFigures:
-    """`drafter` decoding each prompt greedily for up to `tokens` tokens with its kind's held-out
-    tree: tokens per target forward and drafted / accepted counts, summed over the prompts."""
-    config = TRAINERS.get(drafter.kind).heldout_config
-    engine = Engine(model, tokenizer, eos_ids, drafters={drafter.kind: drafter})
-    params = SamplingParams(max_new_tokens=tokens)
-    sums = {"tokens": 0, "forwards": 0, "drafted": 0, "accepted": 0}
-    for ids in prompts:
-        res = engine.generate(ids, params, drafter.kind, config)
-        sums["tokens"] += len(res.output_ids)
-        sums["forwards"] += res.forwards
-        sums["drafted"] += sum(res.drafted_by_depth)
-        sums["accepted"] += sum(res.accepted_by_depth)
-    return HeldoutFigures(prompts=len(prompts), **sums)
 
 
 def _joined(parts: list[Sequences], repeats: list[int]) -> Sequences:

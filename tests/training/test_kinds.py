@@ -8,7 +8,7 @@ import pytest
 from specserve.engine.drafters.specs import KIND_NAMES
 from specserve.engine.proposers import DRAFTER_KINDS, REGISTRY
 from specserve.training.kinds import TRAINERS
-from specserve.training.run import DrafterTrainSettings
+from specserve.training.settings import DrafterTrainSettings
 
 
 def test_every_kind_has_a_trainer():

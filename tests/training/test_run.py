@@ -13,7 +13,8 @@ from conftest import FAMILIES
 
 from specserve.engine.drafters.artifact import DrafterMismatchError, load_drafter
 from specserve.training.corpus import CorpusSettings
-from specserve.training.run import DrafterTrainSettings, train_drafter
+from specserve.training.run import train_drafter
+from specserve.training.settings import DrafterTrainSettings
 
 ADAPTER = "f" * 64
 

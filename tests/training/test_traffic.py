@@ -8,7 +8,8 @@ import pytest
 
 from specserve.engine.prompts import encode_messages, encode_prompt
 from specserve.training.corpus import traffic_corpus
-from specserve.training.run import DrafterTrainSettings, traffic_split
+from specserve.training.run import traffic_split
+from specserve.training.settings import DrafterTrainSettings
 from specserve.training.traffic import HeldoutFigures, ServedExample, replacement
 
 

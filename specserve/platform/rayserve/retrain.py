@@ -82,6 +82,8 @@ def _train_and_compare(
     from specserve.engine.drafters.artifact import load_drafter  # lazy: torch (~5 s)
     from specserve.platform.serving import TargetSettings, load_target  # lazy: torch (~5 s)
     from specserve.training import run  # lazy: torch, transformers (~5 s)
+    from specserve.training.heldout import compare_on_traffic  # lazy: torch (~5 s)
+    from specserve.training.settings import DrafterTrainSettings  # lazy: torch via corpus (~3.5 s)
 
     key = version.key
     samples = TrafficLog(registry).samples(key.variant)
@@ -95,7 +97,7 @@ def _train_and_compare(
         served.loaded.eos_token_ids,
     )
     budget = {"budget_minutes": budget_minutes} if budget_minutes else {}
-    train_settings = run.DrafterTrainSettings(kind=kind, **budget)
+    train_settings = DrafterTrainSettings(kind=kind, **budget)
     out = drafter_dir(settings, key, kind, record.revision)
     drafters = {
         "candidate": run.train_drafter(
@@ -109,9 +111,7 @@ def _train_and_compare(
         path = Path(status.artifact_dir)
         drafters["current"] = load_drafter(path, model, version.base_model, checked.sha256)
     _, recent = run.traffic_split(tokenizer, min(eos or {0}), samples, train_settings)
-    figures = run.compare_on_traffic(
-        model, tokenizer, eos, drafters, recent, train_settings, str(key)
-    )
+    figures = compare_on_traffic(model, tokenizer, eos, drafters, recent, train_settings, str(key))
     return _verdict(status, record, figures, len(samples), ask.min_gain, out)
 
 
