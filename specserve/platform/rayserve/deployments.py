@@ -172,7 +172,8 @@ class GatewayDeployment:
     def __init__(self, args: dict, servers: dict) -> None:
         # the app builder (`serve run`, `specserve up`) imports this module without torch
         from specserve.platform.api.admin import Admin, admin_router  # lazy: torch (~5 s)
-        from specserve.platform.api.gateway import Gateway, create_app  # lazy: torch (~5 s)
+        from specserve.platform.api.gateway import Gateway  # lazy: torch (~5 s)
+        from specserve.platform.api.routes import create_app  # lazy: torch (~5 s)
         from specserve.platform.serving import base_spec  # lazy: torch, transformers (~5 s)
 
         settings = PlatformSettings.from_args(args)

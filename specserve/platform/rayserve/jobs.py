@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import traceback
 
 import ray
 
 from specserve.adapters.variants import VariantKey
 from specserve.platform.rayserve.job_dirs import drafter_dir
+from specserve.platform.rayserve.progress import RegistryProgress
 from specserve.platform.rayserve.retrain import RetrainAsk, retrain_from_traffic
 from specserve.platform.rayserve.stores import platform_stores
 from specserve.platform.settings import PlatformSettings
@@ -27,33 +27,6 @@ from specserve.platform.state.registry import (
 )
 
 log = logging.getLogger(__name__)
-
-
-class _ProgressBar:
-    """A tqdm-like bar writing progress into the registry (at most every 2 s): teacher prefill
-    ("teacher", known total) fills the first half; training (open-ended) holds at 0.75."""
-
-    def __init__(
-        self, registry: Registry, key: VariantKey, kind: str, total: int | None, desc: str
-    ) -> None:
-        self.registry, self.key, self.kind, self.desc = registry, key, kind, desc
-        self.total, self.n, self._last = total, 0, 0.0
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        if time.monotonic() - self._last < 2.0:
-            return
-        self._last = time.monotonic()
-        progress = 0.5 * min(self.n / self.total, 1.0) if self.total else 0.75
-        self.registry.set_drafter(
-            self.key, DrafterStatus(kind=self.kind, state="running", progress=progress)
-        )
-
-    def set_postfix_str(self, text: str) -> None:
-        """tqdm's API; the registry keeps no free text."""
-
-    def close(self) -> None:
-        """tqdm's API; nothing to release."""
 
 
 def run_drafter_job(
@@ -97,7 +70,12 @@ def run_drafter_job(
             train_settings,
             adapter_sha256=checked.sha256,
             data_dir=served.cache_dir / "teacher",  # teacher data shared by kinds and retrains
-            progress_bar=lambda total, desc: _ProgressBar(registry, key, kind, total, desc),
+            progress_bar=lambda total, desc: RegistryProgress(
+                lambda p: registry.set_drafter(
+                    key, DrafterStatus(kind=kind, state="running", progress=p)
+                ),
+                total,
+            ),
             adapter=str(key),
         )
         tau = drafter.manifest.heldout_tau

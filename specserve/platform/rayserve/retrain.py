@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.platform.rayserve.job_dirs import drafter_dir, scratch_dir
+from specserve.platform.rayserve.progress import RegistryProgress
 from specserve.platform.settings import PlatformSettings
 from specserve.platform.state.records import DrafterStatus, RetrainRecord, RetrainTrigger
 from specserve.platform.state.registry import Registry, UnknownVariant, VersionRecord
@@ -55,7 +56,10 @@ def retrain_from_traffic(
     try:
 
         def bar(total, desc):
-            return RetrainProgress(registry, key, kind, ask.started_at, total, desc)
+            def write(progress: float) -> None:
+                _write_progress(registry, key, kind, ask.started_at, progress)
+
+            return RegistryProgress(write, total)
 
         outcome = _train_and_compare(
             version, kind, budget_minutes, settings, registry, ask, record, bar, scratch
@@ -152,40 +156,15 @@ def _verdict(
     return installed, done
 
 
-class RetrainProgress:
-    """A tqdm-like bar writing a retrain's progress into its record (at most every 2 s); the
-    drafter's serving fields are left as they are. Teacher prefill fills the first half."""
-
-    def __init__(self, registry: Registry, key, kind: str, started_at: float, total, desc):
-        self.registry, self.key, self.kind, self.started_at = registry, key, kind, started_at
-        self.total, self.n, self._last = total, 0, 0.0
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        if time.monotonic() - self._last < 2.0:
-            return
-        self._last = time.monotonic()
-        status = self.registry.drafter(self.key, self.kind)
-        record = status.retrain if status is not None else None
-        if record is None or record.started_at != self.started_at:
-            return
-        progress = 0.5 * min(self.n / self.total, 1.0) if self.total else 0.75
-        record = record.model_copy(update={"progress": progress})
-        self.registry.set_drafter(self.key, status.with_retrain(record))
-
-    def set_postfix_str(self, text: str) -> None:
-        """tqdm's API; the registry keeps no free text."""
-
-    def close(self) -> None:
-        """tqdm's API; nothing to release."""
-
-
-def _unchanged(status: DrafterStatus, why: str) -> DrafterStatus:
-    """What a failed retrain leaves: a serving drafter as it was; a variant that had none is
-    no longer waiting for one."""
-    if status.state in ("queued", "running"):
-        return status.model_copy(update={"state": "failed", "error": why})
-    return status
+def _write_progress(registry: Registry, key, kind: str, started_at: float, progress: float):
+    """A retrain's progress into its record; the drafter's serving fields stay as they are (and
+    a record replaced by a newer retrain is left alone)."""
+    status = registry.drafter(key, kind)
+    record = status.retrain if status is not None else None
+    if record is None or record.started_at != started_at:
+        return
+    record = record.model_copy(update={"progress": progress})
+    registry.set_drafter(key, status.with_retrain(record))
 
 
 def next_revision(status: DrafterStatus) -> int:

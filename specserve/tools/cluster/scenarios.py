@@ -15,8 +15,9 @@ from specserve.tools.cluster import observe
 from specserve.tools.cluster.app import MODEL, make_adapter, prompt
 from specserve.tools.cluster.figures import KillFigures, PoolFigures, ScaleFigures
 from specserve.tools.cluster.local import LocalCluster, wait_for
-from specserve.tools.cluster.traffic import Answer, Load, Recorder, admin, ask
+from specserve.tools.cluster.traffic import Answer, Recorder, admin, ask
 from specserve.tools.faults.report import Counts, error_codes
+from specserve.tools.faults.traffic import Load
 
 
 class Bounds(BaseModel):
@@ -74,7 +75,11 @@ class Run:
         )
 
     def load(self, clients: int | None = None) -> Load:
-        return Load(self.recorder, self.spec, clients or self.bounds.clients, self.bounds.limit)
+        return Load(
+            lambda i: self.recorder.send(self.spec(i)),
+            clients or self.bounds.clients,
+            self.bounds.limit,
+        )
 
 
 def ramp_up(run: Run) -> tuple[Load, ScaleFigures]:

@@ -50,41 +50,6 @@ class Recorder:
             return len(self._started)
 
 
-class Load:
-    """`clients` threads, each sending `spec(i)` back to back through `recorder` from `start()`
-    until `stop()`, at most `limit` requests in all."""
-
-    def __init__(self, recorder: Recorder, spec, clients: int, limit: int) -> None:
-        self.recorder, self.spec, self.limit = recorder, spec, limit
-        self.results: list[RequestResult] = []
-        self._sent, self._lock, self._stop = 0, threading.Lock(), threading.Event()
-        self._threads = [threading.Thread(target=self._work, daemon=True) for _ in range(clients)]
-
-    def _take(self) -> int | None:
-        with self._lock:
-            if self._stop.is_set() or self._sent >= self.limit:
-                return None
-            self._sent += 1
-            return self._sent - 1
-
-    def _work(self) -> None:
-        while (i := self._take()) is not None:
-            self.results.append(self.recorder.send(self.spec(i)))
-
-    def start(self) -> Load:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def stop(self, wait: bool = True) -> list[RequestResult]:
-        """No new requests; with `wait`, until those in flight end (each by its deadline)."""
-        self._stop.set()
-        if wait:
-            for thread in self._threads:
-                thread.join()
-        return list(self.results)
-
-
 class Answer(BaseModel):
     """A non-streaming completion's figures: who served it and what the draft tokens did."""
 

@@ -26,7 +26,7 @@ from specserve.tools.faults.procs import (
     store_urls,
 )
 from specserve.tools.faults.report import FaultReport
-from specserve.tools.faults.traffic import Load, Watch, first_success, store_down
+from specserve.tools.faults.traffic import Watch, first_success, store_down, traffic_load
 from specserve.tools.faults.traffic import store_ok as healthz_store_ok
 
 HEALTHZ_CACHE_S = 2.0  # /healthz pings the store at most this often
@@ -58,7 +58,7 @@ def under_load(
     """Load on `model` (default: the base model), `fault(fault_at)` after the warm-up, the load
     kept up until `window_s` past the fault, then stopped (requests in flight finish)."""
     s, started = ctx.settings, time.monotonic()
-    load = Load(ctx.traffic, s.streams, s.load_limit, model).start()
+    load = traffic_load(ctx.traffic, s.streams, s.load_limit, model).start()
     time.sleep(s.warmup_s)
     fault_at = time.monotonic()
     try:

@@ -101,11 +101,11 @@ class Streams:
 
 
 class Load:
-    """`workers` threads sending `traffic` back to back from `start()` until `stop()`, at most
-    `limit` requests in all."""
+    """`workers` threads, each calling `send(i)` for the next request number `i` back to back from
+    `start()` until `stop()`, at most `limit` requests in all."""
 
-    def __init__(self, traffic: Traffic, workers: int, limit: int, model: str | None = None):
-        self.traffic, self.model, self.limit = traffic, model, limit
+    def __init__(self, send: Callable[[int], RequestResult], workers: int, limit: int) -> None:
+        self.send, self.limit = send, limit
         self.results: list[RequestResult] = []
         self._sent, self._lock, self._stop = 0, threading.Lock(), threading.Event()
         self._threads = [threading.Thread(target=self._work, daemon=True) for _ in range(workers)]
@@ -119,19 +119,25 @@ class Load:
 
     def _work(self) -> None:
         while (i := self._take()) is not None:
-            self.results.append(send_chat(self.traffic.spec(i, self.model)))
+            self.results.append(self.send(i))
 
     def start(self) -> Load:
         for thread in self._threads:
             thread.start()
         return self
 
-    def stop(self) -> list[RequestResult]:
-        """No new requests; waits for those in flight (each ends by its deadline)."""
+    def stop(self, wait: bool = True) -> list[RequestResult]:
+        """No new requests; with `wait`, until those in flight end (each by its deadline)."""
         self._stop.set()
-        for thread in self._threads:
-            thread.join()
+        if wait:
+            for thread in self._threads:
+                thread.join()
         return list(self.results)
+
+
+def traffic_load(traffic: Traffic, workers: int, limit: int, model: str | None = None) -> Load:
+    """A `Load` sending `traffic`'s chat requests (to `model`, else the traffic's own)."""
+    return Load(lambda i: send_chat(traffic.spec(i, model)), workers, limit)
 
 
 def first_success(

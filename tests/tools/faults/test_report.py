@@ -10,7 +10,7 @@ import pytest
 
 from specserve.tools.faults.context import build_report, first_error, no_broken
 from specserve.tools.faults.report import Counts, FaultReport, SuiteReport, markdown, table
-from specserve.tools.faults.traffic import Load, Streams, Traffic, first_success
+from specserve.tools.faults.traffic import Streams, Traffic, first_success, traffic_load
 
 pytestmark = pytest.mark.timeout(60)
 KINDS = ["complete", "error_event", "truncated", "http_error", "not_json"]
@@ -42,7 +42,9 @@ def test_wait_streaming_sees_streams_in_flight(sse_server):
 
 
 def test_load_is_bounded_and_first_success_times_a_completion(sse_server):
-    load = Load(_traffic(sse_server, ["complete", "error_event"]), workers=2, limit=6).start()
+    load = traffic_load(
+        _traffic(sse_server, ["complete", "error_event"]), workers=2, limit=6
+    ).start()
     time.sleep(1.0)
     results = load.stop()
     assert len(results) == 6 and Counts.of(results).completed == 3
