@@ -34,7 +34,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 def cmd_generate(args) -> int:
     from specserve.cli.drafters import drafter_config, load_drafters
     from specserve.cli.target import compile_forward, load_command_target
-    from specserve.engine.decode import Engine
+    from specserve.engine.decode.engine import Engine
     from specserve.engine.prompts import encode_prompt
     from specserve.engine.proposers import REGISTRY
     from specserve.engine.sampling import SamplingParams

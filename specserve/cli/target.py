@@ -58,8 +58,9 @@ def load_command_target(args, dtype: str | None = None) -> CommandTarget:
 def compile_forward(args, served: ServedModel, features: bool = False) -> dict:
     """Compile the target's verify forward when `--compile` decides so (warming it now, with the
     measurement cached for `auto`); returns the bench/tune record of what was decided."""
-    from specserve.engine import compile_choice, compiled
-    from specserve.engine.lora_batch import takes_adapters
+    from specserve.engine.forward import compiled
+    from specserve.engine.lora.batch import takes_adapters
+    from specserve.engine.tuning import compile_choice
 
     loaded, mode = served.loaded, getattr(args, "compile", "off")
     record = compile_choice.cached_record(

@@ -29,10 +29,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 def tuned_methods(args, served, strategies: list[str]):
     """(engine padding to the device's cheapest widths, strategy -> config, strategy -> tuning
     record, cost curve): configs tuned from the curve unless overridden on the command line."""
-    from specserve.engine.cost import load_or_measure
-    from specserve.engine.decode import Engine
+    from specserve.engine.decode.engine import Engine
     from specserve.engine.prompts import calibration_prompts, encode_prompt
-    from specserve.engine.tuning import load_or_tune
+    from specserve.engine.tuning.cost import load_or_measure
+    from specserve.engine.tuning.drafts import load_or_tune
 
     loaded = served.loaded
     overrides = parse_overrides(getattr(args, "config", []), scoped=True)
@@ -64,7 +64,7 @@ def tuned_methods(args, served, strategies: list[str]):
 
 def cmd_tune(args) -> int:
     from specserve.cli.target import compile_forward, load_command_target
-    from specserve.engine.lora_batch import lora_rows
+    from specserve.engine.lora.batch import lora_rows
 
     target = load_command_target(args)
     loaded = target.loaded

@@ -36,7 +36,7 @@ class BatchCompile:
     def start(self, service, mode: str, model_id: str, cache_dir: Path) -> BatchCompile:
         """Decide (`compile_choice.decide` over the cached batched record), and if on, attach on
         the engine thread and warm in the background; never blocks for the compile."""
-        from specserve.engine import compile_choice
+        from specserve.engine.tuning import compile_choice
 
         # compiled graphs persist beside the other caches: a later start loads them from disk
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(cache_dir) / "inductor"))
@@ -60,7 +60,8 @@ class BatchCompile:
         return self
 
     def _warm(self, service, model_id: str, cache_dir: Path) -> None:
-        from specserve.engine import compile_choice, compiled_batch
+        from specserve.engine.forward import compiled_batch
+        from specserve.engine.tuning import compile_choice
 
         try:
             settings = compiled_batch.BatchCompileSettings()

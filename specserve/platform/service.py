@@ -3,7 +3,7 @@
 `ModelService.generate(request)` picks the strategy (the request's own `speculation`, else the
 policy), makes the variant's adapter resident, decodes with its n-gram pool, and yields `Delta`
 events then one `Done` (platform/events.py).
-All requests of a replica decode together in one engine loop (`engine.scheduler`, on its own
+All requests of a replica decode together in one engine loop (`engine.batch.scheduler`, on its own
 thread): each step is one forward over every admitted request, whatever its variant or strategy.
 """
 
@@ -22,12 +22,16 @@ from pydantic_core import PydanticCustomError
 
 from specserve.adapters.resident import PreparedAdapter, ResidentAdapters
 from specserve.adapters.variants import PoolBook, VariantKey
-from specserve.engine.decode import Engine, RequestState
-from specserve.engine.lora import BASE_ADAPTER
+from specserve.engine.batch.scheduler import Scheduler
+from specserve.engine.batch.settings import BatchSettings
+from specserve.engine.batch.tickets import EngineDead, QueueFull
+from specserve.engine.decode.engine import Engine
+from specserve.engine.decode.state import RequestState
+from specserve.engine.drafters.kinds import DRAFTER_KINDS
+from specserve.engine.lora.batch import BASE_ADAPTER
 from specserve.engine.prompts import encode_messages, encode_prompt
-from specserve.engine.proposers import DRAFTER_KINDS, REGISTRY
+from specserve.engine.proposers import REGISTRY
 from specserve.engine.sampling import SamplingParams
-from specserve.engine.scheduler import BatchSettings, EngineDead, QueueFull, Scheduler
 from specserve.platform.events import Delta, Done, DoneInfo, Usage, decoded_logprobs
 from specserve.platform.speed import request_cost
 from specserve.policies.router import (

@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from specserve.adapters.resident import ResidentAdapters, base_model_names
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec
-from specserve.engine.cost import CostCurve
-from specserve.engine.dtype_choice import Workload
+from specserve.engine.tuning.cost import CostCurve
+from specserve.engine.tuning.dtype_choice import Workload
 from specserve.models.load import LoadedModel
 from specserve.paths import default_cache_dir
 from specserve.platform.service import ModelService
@@ -99,7 +99,7 @@ def platform_cache_dir(settings: PlatformSettings) -> Path:
 
 def load_target(target: TargetSettings, log: Callable[[str], object] = logger.info) -> ServedModel:
     """Load the model (dtype `auto` measured and cached), named as served, and its resident set."""
-    from specserve.engine.head import use_float32_head
+    from specserve.engine.forward.head import use_float32_head
     from specserve.models.load import load_model
 
     loaded = load_model(
@@ -138,8 +138,8 @@ def resident_adapters(
 def cached_tuning(served: ServedModel, strategies: Iterable[str]) -> Tuning:
     """The cached cost curve and tuned configs of the model's forward as it runs now (compiled
     or not); nothing is measured (a server starts fast and uses defaults until tuned)."""
-    from specserve.engine.compiled import forward_key
-    from specserve.engine.tuning import cached_choices
+    from specserve.engine.forward.compiled import forward_key
+    from specserve.engine.tuning.drafts import cached_choices
 
     loaded = served.loaded
     curve, configs = cached_choices(

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
 
-from specserve.engine.batch_settings import BatchSettings
+from specserve.engine.batch.settings import BatchSettings
 from specserve.paths import config_file, default_cache_dir
 
 ENV_ONLY = frozenset(
@@ -128,7 +128,7 @@ class PlatformSettings(BaseModel):
     def dtype_workload(self):
         """What `dtype: auto` prices for this platform's replicas and their jobs (one rule, so a
         drafter trains in the dtype it will serve in)."""
-        from specserve.engine.dtype_choice import Workload
+        from specserve.engine.tuning.dtype_choice import Workload
 
         return Workload(rows=self.dtype_rows)
 

@@ -17,11 +17,9 @@ import torch
 from pydantic import BaseModel
 from torch import nn
 
+from specserve.engine.drafters.kinds import EAGLE_KIND, MEDUSA_KIND, DrafterKind
 from specserve.engine.drafters.specs import EagleSpec, MedusaSpec
-from specserve.engine.proposers.base import Registry
-from specserve.engine.proposers.eagle import EAGLE_KIND
-from specserve.engine.proposers.kinds import DrafterKind
-from specserve.engine.proposers.medusa import MEDUSA_KIND
+from specserve.engine.registry import Registry
 from specserve.training import examples, trainers
 
 if TYPE_CHECKING:

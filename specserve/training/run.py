@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from specserve.engine.decode import Engine
+from specserve.engine.decode.engine import Engine
 from specserve.engine.drafters.artifact import (
     Drafter,
     Manifest,
@@ -27,7 +27,7 @@ from specserve.engine.drafters.artifact import (
 )
 from specserve.engine.drafters.specs import EagleSpec, KindName, MedusaSpec
 from specserve.engine.drafters.vocab import head_rows
-from specserve.engine.lora_batch import lora_rows
+from specserve.engine.lora.batch import lora_rows
 from specserve.engine.sampling import SamplingParams
 from specserve.training import examples, trainers
 from specserve.training.corpus import Corpus, CorpusSettings, build_corpus, traffic_corpus
