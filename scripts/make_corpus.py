@@ -23,9 +23,7 @@ from specserve.paths import default_cache_dir
 from specserve.training.data import DistillData, generate_answers
 from specserve.training.prompts import SOURCE, training_prompts
 
-OUT = (
-    Path(__file__).resolve().parents[1] / "specserve" / "training" / "corpus" / "instruct.jsonl.gz"
-)
+OUT = Path(__file__).resolve().parents[1] / "specserve" / "training" / "corpus" / "instruct.jsonl.gz"
 
 
 def main() -> int:

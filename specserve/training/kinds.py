@@ -1,7 +1,7 @@
 """Per drafter kind, how `train_drafter` trains it: the spec to train, the teacher layers it learns
 from, its training loop and the tree its held-out τ is decoded with.
 
-The engine may not import training, so the engine's half of a kind (`proposers.DRAFTER_KINDS`:
+The engine may not import training, so the engine's half of a kind (`drafters.kinds.DRAFTER_KINDS`:
 spec, module, tree budget) cannot name its trainer; `TRAINERS` adds one per engine kind, holding
 that kind's entry (a test pins that every kind has exactly one).
 """
