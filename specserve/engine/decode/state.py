@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specserve.engine.logprobs import TokenLogprob
-from specserve.engine.proposers import Proposer
+from specserve.engine.proposers.base import Proposer
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.textstream import TextStream
 

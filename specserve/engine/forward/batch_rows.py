@@ -49,7 +49,7 @@ def batch_width(rows: list[BatchRow], pad_to: int = 0) -> int:
 def build_batch_inputs(
     rows: list[BatchRow], visible: torch.Tensor, starts: list[int], q: int
 ) -> BatchInputs:
-    """Stack each row's single-request layout (`forward.build_inputs`), padded to q query rows;
+    """Stack each row's single-request layout (`inputs.build_inputs`), padded to q query rows;
     a row's past is its visible columns before `starts[b]` instead of a contiguous prefix, and
     its new block sits at columns [starts[b], starts[b] + q) of `visible` [b, columns].
 
@@ -120,7 +120,7 @@ def run_rows(model, kv: BatchKV, rows: list[BatchRow], q: int, fast=None) -> lis
 def batch_masks(config, inputs: BatchInputs, kv: BatchKV, dtype, device):
     """The `attention_mask` argument: per layer group of `kv` (after `begin`), the 4D additive
     mask [b, 1, q, columns] of what each query row may attend, for window groups narrowed to
-    each query's window (`forward.window_allowed` over the columns' positions)."""
+    each query's window (`inputs.window_allowed` over the columns' positions)."""
     full = windowed = None
     for i, group in enumerate(kv.groups):  # inputs.allowed is laid out in the first group's
         allowed = (

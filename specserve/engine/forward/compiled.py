@@ -23,7 +23,7 @@ _ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> C
 
 
 class CompileSettings(BaseModel):
-    """How the target forward is compiled (whether: `compile_choice.decide`); unknown keys fail."""
+    """How the target forward is compiled (whether: `tuning.compile_choice.decide`); unknown keys fail."""
 
     model_config = ConfigDict(extra="forbid")
 

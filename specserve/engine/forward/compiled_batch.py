@@ -37,7 +37,7 @@ _ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> C
 
 
 class BatchCompileSettings(BaseModel):
-    """How the batched forward is compiled (whether: `compile_choice.decide`); unknown keys fail."""
+    """How the batched forward is compiled (whether: `tuning.compile_choice.decide`); unknown keys fail."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -102,7 +102,7 @@ class RowLoRA:
 
     Subclasses fill `_adapters` (`_set` / `_drop`); `rows` is the context of one batch. A batch
     of one adapter applies that adapter's own blocks; a mixed batch places its adapters in the
-    slot groups of their ranks (lora_slots.py) and each row keeps only its own slot's columns."""
+    slot groups of their ranks (lora/slots.py) and each row keeps only its own slot's columns."""
 
     def __init__(self) -> None:
         self._adapters: dict[str, Blocks] = {}

@@ -160,7 +160,7 @@ def _ids(length: int, seed: int, vocab: int) -> list[int]:
 def _prefilled(engine: Decoder, context: int, new: int, seed: int, adapter) -> RequestState:
     """A request whose first `context - 1` prompt positions are already cached (synthetic keys and
     values: a decode step costs the same whatever they hold), its last token pending, as a shared
-    prefill leaves it (prefix_share.py); the scheduler's own prefill step takes it from there."""
+    prefill leaves it (batch/prefix_share.py); the scheduler's own prefill step takes it from there."""
     model = engine.model
     params = SamplingParams(max_new_tokens=new, ignore_eos=True, seed=seed)
     state = engine.start(

@@ -1,16 +1,13 @@
 """The drafter-kind registry: one entry per torch-free kind name, each drafting for the strategy of
-its name; unknown kinds fail listing the valid ones; a name registers once."""
+its name; unknown kinds fail listing the valid ones."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import pytest
 
 from specserve.engine.drafters.kinds import DRAFTER_KINDS
 from specserve.engine.drafters.specs import KIND_NAMES, SPEC_TYPES
 from specserve.engine.proposers import REGISTRY
-from specserve.engine.registry import Registry
 
 
 def test_the_registry_and_the_torch_free_names_agree():
@@ -28,18 +25,3 @@ def test_every_kind_drafts_for_the_strategy_of_its_name(name):
 def test_an_unknown_kind_lists_the_valid_ones():
     with pytest.raises(ValueError, match="unknown drafter kind 'lora'; valid drafter kinds: eagle"):
         DRAFTER_KINDS.get("lora")
-
-
-@dataclass(frozen=True)
-class _Entry:
-    name: str
-
-
-def test_a_name_registers_once():
-    registry = Registry("widget", "widgets")
-    first = registry.register(_Entry("a"))
-    with pytest.raises(ValueError, match="widget 'a' is already registered"):
-        registry.register(_Entry("a"))
-    assert registry.get("a") is first and registry.names() == ["a"]
-    with pytest.raises(ValueError, match="unknown widget 'b'; valid widgets: a"):
-        registry.get("b")
