@@ -187,9 +187,7 @@ class CompiledForward:
 
 def _cache_counters() -> dict[str, int]:
     """Dynamo's process-wide counts of captured graphs and of on-disk cache hits and misses."""
-    from torch._dynamo.utils import (
-        counters,  # lazy: torch._dynamo adds ~3.5 s to import; only compiling reads it
-    )
+    from torch._dynamo.utils import counters  # lazy: torch._dynamo adds ~3.5 s to import
 
     return {
         "graphs": counters["stats"]["unique_graphs"],

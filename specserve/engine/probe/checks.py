@@ -237,10 +237,7 @@ def lora_equals_merged(p: Probe) -> None:
 def lora_pair(model, targets: tuple[str, ...]):
     """({module: (A, B x scaling)}, merged model) of a seeded rank-4 peft LoRA on `targets`;
     (None, None) when peft also wraps a module that is not a Linear."""
-    from peft import (  # lazy: peft adds ~2 s to import; only the LoRA check uses it
-        LoraConfig,
-        get_peft_model,
-    )
+    from peft import LoraConfig, get_peft_model  # lazy: peft adds ~2 s to import
 
     linears = [  # full names: a leaf name can also be a fused experts module's parameter
         name
