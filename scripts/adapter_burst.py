@@ -27,7 +27,7 @@ import psutil
 from specserve.adapters.resident import ResidentAdapters, base_model_names
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.variants import PoolBook
-from specserve.engine.batch_settings import BatchSettings
+from specserve.engine.batch.settings import BatchSettings
 from specserve.engine.sampling import SamplingParams
 from specserve.models.load import load_model
 from specserve.paths import default_cache_dir

@@ -19,7 +19,7 @@ import torch
 
 from specserve.adapters.resident import ResidentAdapters, base_model_names
 from specserve.adapters.settings import AdapterLimits
-from specserve.engine.decode import Engine
+from specserve.engine.decode.engine import Engine
 from specserve.engine.sampling import SamplingParams
 from specserve.models.load import load_model
 

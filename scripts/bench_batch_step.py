@@ -17,10 +17,11 @@ from pathlib import Path
 from specserve.adapters.resident import ResidentAdapters, base_model_names
 from specserve.adapters.settings import AdapterLimits
 from specserve.engine import hf_internals
-from specserve.engine.decode import Engine
+from specserve.engine.batch.scheduler import Scheduler
+from specserve.engine.batch.settings import BatchSettings
+from specserve.engine.decode.engine import Engine
 from specserve.engine.prompts import encode_messages
 from specserve.engine.sampling import SamplingParams
-from specserve.engine.scheduler import BatchSettings, Scheduler
 from specserve.models.load import load_model
 from specserve.paths import default_cache_dir
 from specserve.tools.loadtest import interleave_tasks

@@ -39,7 +39,7 @@ def main() -> None:
 
     from torch._dynamo.utils import compile_times
 
-    from specserve.engine import compiled
+    from specserve.engine.forward import compiled
     from specserve.models.load import load_model
 
     loaded = load_model(args.model, dtype=args.dtype)

@@ -14,8 +14,9 @@ import time
 
 import torch
 
-from specserve.engine import hf_internals, invariance
-from specserve.engine.forward import verify_forward
+from specserve.engine import hf_internals
+from specserve.engine.forward import invariance
+from specserve.engine.forward.single import verify_forward
 from specserve.engine.tree import Draft, DraftTree
 from specserve.models.load import load_model
 

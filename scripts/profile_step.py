@@ -18,19 +18,19 @@ from pathlib import Path
 
 import torch
 
-from specserve.engine.decode import Engine
+from specserve.engine.decode.engine import Engine
 from specserve.engine.prompts import encode_prompt
 from specserve.engine.sampling import SamplingParams
 from specserve.models.load import load_model
 from specserve.tools.bench import run_hf
 
 PARTS = {  # label -> (file suffix, function name) whose cumulative time is reported
-    "verify_forward": ("engine/forward.py", "verify_forward"),
+    "verify_forward": ("engine/forward/single.py", "verify_forward"),
     "model forward": ("torch/nn/modules/module.py", "_wrapped_call_impl"),
-    "build_inputs": ("engine/forward.py", "build_inputs"),
-    "propose": ("engine/decode.py", "propose"),
-    "accept": ("engine/decode.py", "accept"),
-    "commit": ("engine/decode.py", "commit"),
+    "build_inputs": ("engine/forward/single.py", "build_inputs"),
+    "propose": ("engine/decode/core.py", "propose"),
+    "accept": ("engine/decode/core.py", "accept"),
+    "commit": ("engine/decode/core.py", "commit"),
     "keep_rows": ("engine/hf_internals/cache.py", "keep_rows"),
     "text stream": ("engine/textstream.py", "push"),
 }

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from specserve.engine.decode import Engine
+from specserve.engine.decode.engine import Engine
 from specserve.engine.sampling import SamplingParams
 
 CONFIGS = {  # trees with siblings, where the two rules could differ

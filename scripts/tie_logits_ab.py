@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-from specserve.engine.cost import measure_cost_curve
-from specserve.engine.head import use_float32_head
+from specserve.engine.forward.head import use_float32_head
 from specserve.engine.ties import measure_tolerance, tolerance_sequences
+from specserve.engine.tuning.cost import measure_cost_curve
 from specserve.models.load import load_model
 
 

@@ -15,9 +15,10 @@ import torch
 import transformers as tf
 
 from specserve.engine import hf_internals
-from specserve.engine.decode import Engine
+from specserve.engine.batch.scheduler import Scheduler
+from specserve.engine.batch.settings import BatchSettings
+from specserve.engine.decode.engine import Engine
 from specserve.engine.sampling import SamplingParams
-from specserve.engine.scheduler import BatchSettings, Scheduler
 
 WINDOW = 64
 

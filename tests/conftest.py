@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specserve.engine.decode import Engine
+from specserve.engine.decode.engine import Engine
 
 torch.set_num_threads(1)
 

@@ -1,4 +1,4 @@
-"""Random batch schedules shared by the continuous-batching gates (tests/engine/test_scheduler.py,
+"""Random batch schedules shared by the continuous-batching gates (tests/engine/batch/test_scheduler.py,
 test_families.py): requests over strategies and adapters that join, leave and get cancelled at
 random steps, run through a Scheduler, and the same requests decoded alone; models holding
 random adapters for them."""
@@ -11,9 +11,9 @@ import random
 import torch
 from peft import LoraConfig, get_peft_model
 
-from specserve.engine.decode import Engine
-from specserve.engine.lora import BASE_ADAPTER
-from specserve.engine.lora_store import attach_store
+from specserve.engine.decode.engine import Engine
+from specserve.engine.lora.batch import BASE_ADAPTER
+from specserve.engine.lora.store import attach_store
 from specserve.engine.sampling import SamplingParams
 
 ADAPTERS = ["v1", "v2", "v3"]

@@ -12,6 +12,7 @@ import torch
 
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec
+from specserve.engine.families import family_of
 
 REFERENCE_RANK = 8
 
@@ -20,7 +21,7 @@ def free_bytes(device: torch.device) -> int:
     """Memory free on `device` now."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    import psutil
+    import psutil  # lazy: not a declared dependency; only a CPU budget reads it
 
     return psutil.virtual_memory().available
 
@@ -35,8 +36,6 @@ def budget_bytes(limits: AdapterLimits, device: torch.device) -> int:
 def reference_adapter_bytes(spec: BaseModelSpec, model, dtype: torch.dtype) -> int:
     """Bytes of a rank-8 adapter on the model family's default LoRA targets, in `dtype`.
     Example: SmolLM2-135M (q, k, v, o of 30 layers) in float32 -> 3,686,400."""
-    from specserve.engine.families import family_of
-
     targets = set(family_of(model.config).lora_targets)
     size = torch.empty((), dtype=dtype).element_size()
     per = [

@@ -25,8 +25,9 @@ from specserve.adapters.memory import budget_bytes, reference_adapter_bytes
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.tensors import adapter_tensors, store_dtype
 from specserve.adapters.validate import BaseModelSpec, ValidatedAdapter, validate_adapter
-from specserve.engine.lora import BASE_ADAPTER
-from specserve.engine.lora_store import attach_store
+from specserve.engine.lora.batch import BASE_ADAPTER
+from specserve.engine.lora.store import attach_store
+from specserve.models.catalog import load_catalog
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-@]{0,127}")
@@ -255,8 +256,6 @@ def _check_name(name: str) -> None:
 def base_model_names(model_id: str) -> list[str]:
     """Names an adapter may give for this base: the served id and, for a catalog model, its
     upstream Hugging Face id (e.g. smollm2-135m and HuggingFaceTB/SmolLM2-135M-Instruct)."""
-    from specserve.models.catalog import load_catalog
-
     entry = load_catalog().get(model_id)
     return [model_id] + ([entry.upstream] if entry and entry.upstream else [])
 

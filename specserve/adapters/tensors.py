@@ -15,7 +15,7 @@ import torch
 
 from specserve.adapters.errors import CorruptAdapterError, UnsupportedAdapterError
 from specserve.adapters.validate import ValidatedAdapter, module_of_key
-from specserve.engine.lora_store import store_dtype  # noqa: F401 (re-exported: the rule's home)
+from specserve.engine.lora.store import store_dtype  # noqa: F401 (re-exported: the rule's home)
 
 # config keys that would change what the adapter computes; plain LoRA serves none of them
 _REFUSED = (

@@ -38,7 +38,7 @@ def cmd_generate(args) -> int:
         compile_forward,
         load_command_target,
     )
-    from specserve.engine.decode import Engine  # lazy: +3 s (torch, transformers)
+    from specserve.engine.decode.engine import Engine  # lazy: +3 s (torch, transformers)
     from specserve.engine.proposers import REGISTRY  # lazy: +3 s (torch, transformers)
     from specserve.engine.sampling import SamplingParams  # lazy: +1 s (torch)
     from specserve.platform.serving import cached_tuning  # lazy: +3 s (torch, transformers)

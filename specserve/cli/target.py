@@ -10,8 +10,9 @@ from pathlib import Path
 
 from specserve.adapters.settings import AdapterLimits
 from specserve.cli.common import cache_dir, from_flags, log
-from specserve.engine import compile_choice, compiled
-from specserve.engine.lora_batch import takes_adapters
+from specserve.engine.forward import compiled
+from specserve.engine.lora.batch import takes_adapters
+from specserve.engine.tuning import compile_choice
 from specserve.platform.serving import ServedModel, TargetSettings, load_target
 
 ADAPTER_NAME = "adapter@1"  # the resident name of a command line --adapter

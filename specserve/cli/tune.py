@@ -30,9 +30,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 def tuned_methods(args, served, strategies: list[str]):
     """(engine padding to the device's cheapest widths, strategy -> config, strategy -> tuning
     record, cost curve): configs tuned from the curve unless overridden on the command line."""
-    from specserve.engine.cost import load_or_measure  # lazy: +3 s (torch, transformers)
-    from specserve.engine.decode import Engine  # lazy: +3 s (torch, transformers)
-    from specserve.engine.tuning import load_or_tune  # lazy: +3 s (torch, transformers)
+    from specserve.engine.decode.engine import Engine  # lazy: +3 s (torch, transformers)
+    from specserve.engine.tuning.cost import load_or_measure  # lazy: +3 s (torch, transformers)
+    from specserve.engine.tuning.drafts import load_or_tune  # lazy: +3 s (torch, transformers)
 
     loaded = served.loaded
     overrides = parse_overrides(getattr(args, "config", []), scoped=True)
@@ -67,7 +67,7 @@ def cmd_tune(args) -> int:
         compile_forward,
         load_command_target,
     )
-    from specserve.engine.lora_batch import lora_rows  # lazy: +1.2 s (torch)
+    from specserve.engine.lora.batch import lora_rows  # lazy: +1.2 s (torch)
 
     target = load_command_target(args)
     loaded = target.loaded

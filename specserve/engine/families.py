@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from specserve.engine import hf_internals
+from specserve.engine.probe import lora_targets, probe
 
 KNOWN_GOOD = "known-good list"
 BY_PROBE = "admitted by probe"
@@ -70,8 +71,6 @@ def family_of(config, cache_dir: Path | None = None) -> Family:
     `cache_dir`, else in this process). Example: a LlamaConfig -> FAMILIES["llama"] with
     lora_targets (q_proj, k_proj, v_proj, o_proj); a Starcoder2Config -> a Family admitted by
     probe; a T5Config -> UnsupportedModel (encoder-decoder)."""
-    from specserve.engine.probe import lora_targets, probe
-
     model_type = getattr(config, "model_type", None)
     listed = FAMILIES.get(model_type)
     if listed is not None:

@@ -3,6 +3,8 @@ benchmark: they are built from the documentation bundled with Python (`pydoc_dat
 
 from __future__ import annotations
 
+from pydoc_data.topics import topics
+
 
 def encode_chat(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     """Token ids of `messages` under the tokenizer's chat template, ready for the assistant turn."""
@@ -40,8 +42,6 @@ def calibration_prompts(count: int = 4, chars: int = 700) -> list[str]:
 
     Deterministic: the same topics in the same order every time.
     """
-    from pydoc_data.topics import topics
-
     names = sorted(topics)[:: max(len(topics) // (2 * count), 1)]
     tasks = [
         "Summarize the following documentation in a few sentences:\n\n{text}",

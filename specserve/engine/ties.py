@@ -7,12 +7,15 @@ largest change of a top-token logit gap between 1-row and k-row forwards of the 
 
 from __future__ import annotations
 
+import random
+
 import torch
 from pydantic import BaseModel
 
 from specserve.engine import hf_internals
-from specserve.engine.forward import verify_forward
-from specserve.engine.lora_batch import lora_rows
+from specserve.engine.forward.single import verify_forward
+from specserve.engine.lora.batch import lora_rows
+from specserve.engine.prompts import calibration_prompts, encode_prompt
 from specserve.engine.tree import Draft, DraftTree
 
 
@@ -80,10 +83,6 @@ def _incremental_and_block(model, ids: list[int], k: int, adapter: str | None):
 def tolerance_sequences(tokenizer, vocab_size: int, count: int = 6) -> list[list[int]]:
     """Sequences the tolerance is measured on: calibration prompts (Python's docs, never benchmark
     data) cut to 160 tokens, and two seeded random-token ones (logits far from any such text)."""
-    import random
-
-    from specserve.engine.prompts import calibration_prompts, encode_prompt
-
     sequences = [encode_prompt(tokenizer, p)[:160] for p in calibration_prompts(count)[:count]]
     rng = random.Random(0)
     return sequences + [[rng.randrange(vocab_size) for _ in range(120)] for _ in range(2)]

@@ -16,6 +16,7 @@ import torch
 import transformers
 
 from specserve.engine import families, hf_internals
+from specserve.engine.tuning import dtype_choice
 from specserve.models.catalog import ModelLoadError, load_catalog
 from specserve.models.eos import eos_ids, id_list
 from specserve.models.provision import pull_model
@@ -231,8 +232,6 @@ def _load_auto(
 ) -> LoadedModel:
     """Load in float32, then cast to the dtype whose serving step is fastest at `workload`'s load
     (cached, or measured now and cached)."""
-    from specserve.engine import dtype_choice
-
     workload = workload or dtype_choice.Workload()
     loaded = load_model(name_or_path, device=device, dtype="float32", cache_dir=cache_dir)
     cache = cache_dir or default_cache_dir()

@@ -37,7 +37,7 @@ class BatchCompile:
     def start(self, service, mode: str, model_id: str, cache_dir: Path) -> BatchCompile:
         """Decide (`compile_choice.decide` over the cached batched record), and if on, attach on
         the engine thread and warm in the background; never blocks for the compile."""
-        from specserve.engine import compile_choice  # lazy: torch (~5 s); see the docstring
+        from specserve.engine.tuning import compile_choice  # lazy: torch (~5 s); see the docstring
 
         # compiled graphs persist beside the other caches: a later start loads them from disk
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(cache_dir) / "inductor"))
@@ -61,7 +61,8 @@ class BatchCompile:
         return self
 
     def _warm(self, service, model_id: str, cache_dir: Path) -> None:
-        from specserve.engine import compile_choice, compiled_batch  # lazy: torch, as above
+        from specserve.engine.forward import compiled_batch  # lazy: torch, as above
+        from specserve.engine.tuning import compile_choice  # lazy: torch, as above
 
         try:
             settings = compiled_batch.BatchCompileSettings()

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from specserve.engine.decode import GenerationResult, RequestState
+from specserve.engine.decode.state import GenerationResult, RequestState
 from specserve.platform.events import Done, DoneInfo, Usage
 from specserve.platform.requests import GenerateRequest
 from specserve.policies.router import Decision

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from specserve.engine.batch_stats import BatchStats
+from specserve.engine.batch.stats import BatchStats
 from specserve.platform.batch_compile import CompileState
 
 

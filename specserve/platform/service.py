@@ -3,7 +3,7 @@
 `ModelService.generate(request)` picks the strategy (the request's own `speculation`, else the
 policy), makes the variant's adapter resident, decodes with its n-gram pool, and yields `Delta`
 events then one `Done` (platform/events.py).
-All requests of a replica decode together in one engine loop (`engine.scheduler`, on its own
+All requests of a replica decode together in one engine loop (`engine.batch.scheduler`, on its own
 thread): each step is one forward over every admitted request, whatever its variant or strategy.
 """
 
@@ -20,10 +20,13 @@ from pydantic import BaseModel, ConfigDict
 
 from specserve.adapters.resident import PreparedAdapter, ResidentAdapters
 from specserve.adapters.variants import PoolBook
-from specserve.engine.decode import Engine, RequestState
-from specserve.engine.lora import BASE_ADAPTER
+from specserve.engine.batch.scheduler import Scheduler
+from specserve.engine.batch.settings import BatchSettings
+from specserve.engine.batch.tickets import EngineDead, QueueFull, Ticket
+from specserve.engine.decode.engine import Engine
+from specserve.engine.decode.state import RequestState
+from specserve.engine.lora.batch import BASE_ADAPTER
 from specserve.engine.prompts import encode_messages, encode_prompt
-from specserve.engine.scheduler import BatchSettings, EngineDead, QueueFull, Scheduler, Ticket
 from specserve.platform.done_event import done_event
 from specserve.platform.drafter_cache import DrafterCache, LoadedDrafter
 from specserve.platform.events import Delta, Done

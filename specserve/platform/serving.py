@@ -20,11 +20,11 @@ from specserve.adapters.resident import ResidentAdapters, base_model_names
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec
 from specserve.adapters.variants import PoolBook
-from specserve.engine.compiled import forward_key
-from specserve.engine.cost import CostCurve
-from specserve.engine.dtype_choice import Workload
-from specserve.engine.head import use_float32_head
-from specserve.engine.tuning import cached_choices
+from specserve.engine.forward.compiled import forward_key
+from specserve.engine.forward.head import use_float32_head
+from specserve.engine.tuning.cost import CostCurve
+from specserve.engine.tuning.drafts import cached_choices
+from specserve.engine.tuning.dtype_choice import Workload
 from specserve.models.load import LoadedModel, load_model
 from specserve.models.provision import pull_model
 from specserve.paths import default_cache_dir

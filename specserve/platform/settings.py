@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from specserve.engine.batch_settings import BatchSettings
+from specserve.engine.batch.settings import BatchSettings
 from specserve.paths import config_file, default_cache_dir
 
 
@@ -155,7 +155,7 @@ class PlatformSettings(BaseModel):
     def dtype_workload(self):
         """What `dtype: auto` prices for this platform's replicas and their jobs (one rule, so a
         drafter trains in the dtype it will serve in)."""
-        from specserve.engine.dtype_choice import Workload  # lazy: torch (about 3 s)
+        from specserve.engine.tuning.dtype_choice import Workload  # lazy: torch (about 3 s)
 
         return Workload(rows=self.dtype_rows)
 

@@ -5,9 +5,9 @@ variant's strategies (`Acceptance.speedup` = decode tokens / this cost, against 
 
 from __future__ import annotations
 
-from specserve.engine.cost import decode_cost
-from specserve.engine.decode import GenerationResult
-from specserve.engine.proposers import DRAFTER_KINDS
+from specserve.engine.decode.state import GenerationResult
+from specserve.engine.drafters.kinds import DRAFTER_KINDS
+from specserve.engine.tuning.cost import decode_cost
 
 
 def request_cost(result: GenerationResult, curve, drafter=None, level_cost: float = 0.0):

@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
-from specserve.engine.proposers import DRAFTER_KINDS, REGISTRY
+from specserve.engine.drafters.kinds import DRAFTER_KINDS
+from specserve.engine.proposers import REGISTRY
 from specserve.platform.drafter_cache import LoadedDrafter
 from specserve.platform.requests import GenerateRequest, Target
 from specserve.policies.router import Decision, decide, usable_drafters

@@ -15,13 +15,12 @@ from pathlib import Path
 
 import torch
 
-from specserve.engine.cost import sync_device
-from specserve.engine.decode import Engine
-from specserve.engine.lora import is_peft_model
-from specserve.engine.lora_batch import lora_rows
+from specserve.engine.decode.engine import Engine
+from specserve.engine.lora.batch import is_peft_model, lora_rows
 from specserve.engine.prompts import encode_prompt
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.ties import check_outputs
+from specserve.engine.tuning.cost import sync_device
 
 BASELINES = ("hf_ar", "hf_pld", "hf_ar_fp32")  # hf_ar_fp32: generate() on a float32 copy
 

@@ -4,9 +4,9 @@ prompts (`compare_on_traffic`, the retrain's replace-or-keep decision)."""
 
 from __future__ import annotations
 
-from specserve.engine.decode import Engine
+from specserve.engine.decode.engine import Engine
 from specserve.engine.drafters.artifact import Drafter
-from specserve.engine.lora_batch import lora_rows
+from specserve.engine.lora.batch import lora_rows
 from specserve.engine.sampling import SamplingParams
 from specserve.training.corpus import Corpus
 from specserve.training.kinds import TRAINERS

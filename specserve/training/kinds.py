@@ -1,7 +1,7 @@
 """Per drafter kind, how `train_drafter` trains it: the spec to train, the teacher layers it learns
 from, its training loop and the tree its held-out τ is decoded with.
 
-The engine may not import training, so the engine's half of a kind (`proposers.DRAFTER_KINDS`:
+The engine may not import training, so the engine's half of a kind (`drafters.kinds.DRAFTER_KINDS`:
 spec, module, tree budget) cannot name its trainer; `TRAINERS` adds one per engine kind, holding
 that kind's entry (a test pins that every kind has exactly one).
 """
@@ -17,11 +17,9 @@ import torch
 from pydantic import BaseModel
 from torch import nn
 
+from specserve.engine.drafters.kinds import EAGLE_KIND, MEDUSA_KIND, DrafterKind
 from specserve.engine.drafters.specs import EagleSpec, MedusaSpec
-from specserve.engine.proposers.base import Registry
-from specserve.engine.proposers.eagle import EAGLE_KIND
-from specserve.engine.proposers.kinds import DrafterKind
-from specserve.engine.proposers.medusa import MEDUSA_KIND
+from specserve.engine.registry import Registry
 from specserve.training import examples
 from specserve.training.settings import DrafterTrainSettings
 from specserve.training.trainers import eagle, medusa

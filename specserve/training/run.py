@@ -27,7 +27,7 @@ from specserve.engine.drafters.artifact import (
     save_drafter,
 )
 from specserve.engine.drafters.vocab import head_rows
-from specserve.engine.lora_batch import lora_rows
+from specserve.engine.lora.batch import lora_rows
 from specserve.training import examples
 from specserve.training.corpus import Corpus, build_corpus, traffic_corpus
 from specserve.training.data import frequent_vocab, token_counts

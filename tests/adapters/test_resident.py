@@ -12,9 +12,8 @@ import torch
 from specserve.adapters import errors
 from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
-from specserve.engine.decode import Engine
-from specserve.engine.lora import BASE_ADAPTER
-from specserve.engine.lora_batch import lora_rows
+from specserve.engine.decode.engine import Engine
+from specserve.engine.lora.batch import BASE_ADAPTER, lora_rows
 from specserve.engine.sampling import SamplingParams
 
 BASE = "tiny-llama"

@@ -12,9 +12,10 @@ from schedules import alone, requests, run
 from specserve.adapters.errors import AdapterCapacityError
 from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
-from specserve.engine.decode import Engine
+from specserve.engine.batch.scheduler import Scheduler
+from specserve.engine.batch.settings import BatchSettings
+from specserve.engine.decode.engine import Engine
 from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
-from specserve.engine.scheduler import BatchSettings, Scheduler
 
 NAMES = [f"t{i}@1" for i in range(24)]
 BUDGET_ADAPTERS = 7  # the byte budget holds this many of them

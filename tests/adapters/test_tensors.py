@@ -15,7 +15,7 @@ from specserve.adapters import errors
 from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.tensors import pattern_value, scaling_of, store_dtype
-from specserve.engine.lora_batch import lora_rows
+from specserve.engine.lora.batch import lora_rows
 
 BASE = "tiny-llama"
 

@@ -15,7 +15,7 @@ import transformers
 import yaml
 from e2e.upstack import call
 
-from specserve.engine.decode import Engine
+from specserve.engine.decode.engine import Engine
 from specserve.engine.prompts import encode_messages
 from specserve.engine.sampling import SamplingParams
 from specserve.platform.state.redis_server import EmbeddedRedis, free_port

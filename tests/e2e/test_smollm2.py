@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specserve.engine.decode import Engine
+from specserve.engine.decode.engine import Engine
 from specserve.engine.prompts import encode_chat
 from specserve.engine.sampling import SamplingParams
 from specserve.models.load import load_model

@@ -7,7 +7,7 @@ import functools
 
 import pytest
 
-from specserve.engine.decode import Engine
+from specserve.engine.decode.engine import Engine
 from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
 
 

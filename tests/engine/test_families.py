@@ -17,11 +17,12 @@ from schedules import STRATEGIES, alone, prompt, requests, run, with_adapters
 from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
 from specserve.engine import families, hf_internals
-from specserve.engine.decode import Engine
+from specserve.engine.batch.scheduler import Scheduler
+from specserve.engine.batch.settings import BatchSettings
+from specserve.engine.decode.engine import Engine
 from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
-from specserve.engine.lora import BASE_ADAPTER
+from specserve.engine.lora.batch import BASE_ADAPTER
 from specserve.engine.sampling import SamplingParams
-from specserve.engine.scheduler import BatchSettings, Scheduler
 
 pytestmark = pytest.mark.timeout(300)
 

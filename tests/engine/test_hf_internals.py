@@ -12,7 +12,7 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 
 from specserve.engine import hf_internals
-from specserve.engine.forward import verify_forward
+from specserve.engine.forward.single import verify_forward
 from specserve.engine.hf_internals import attention, backbone
 from specserve.engine.tree import Draft, DraftTree
 

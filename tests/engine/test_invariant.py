@@ -13,11 +13,13 @@ import pytest
 import torch
 from schedules import ADAPTERS, alone, prompt, requests, run, with_adapters
 
-from specserve.engine import hf_internals, invariance, row_tiles
-from specserve.engine.decode import Engine
+from specserve.engine import hf_internals, row_tiles
+from specserve.engine.batch.scheduler import Scheduler
+from specserve.engine.batch.settings import BatchSettings
+from specserve.engine.decode.engine import Engine
 from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
+from specserve.engine.forward import invariance
 from specserve.engine.hf_internals.invariant import CALL_COST, TAIL, flash_calls, split_point
-from specserve.engine.scheduler import BatchSettings, Scheduler
 
 pytestmark = pytest.mark.timeout(600)
 

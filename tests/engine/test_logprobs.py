@@ -11,10 +11,11 @@ import pytest
 import torch
 from schedules import STRATEGIES
 
-from specserve.engine.decode import Engine
+from specserve.engine.batch.scheduler import Scheduler
+from specserve.engine.batch.settings import BatchSettings
+from specserve.engine.decode.engine import Engine
 from specserve.engine.logprobs import committed_rows, logprob_rows, step_logprobs, token_logprobs
 from specserve.engine.sampling import SamplingParams, target_probs
-from specserve.engine.scheduler import BatchSettings, Scheduler
 
 GREEDY = SamplingParams(max_new_tokens=24, logprobs=5)
 SAMPLED = SamplingParams(

@@ -11,9 +11,10 @@ import pytest
 import torch
 from schedules import STRATEGIES
 
+from specserve.engine.batch.scheduler import Scheduler
+from specserve.engine.batch.settings import BatchSettings
 from specserve.engine.penalties import penalized, prefix_counts
 from specserve.engine.sampling import SamplingParams
-from specserve.engine.scheduler import BatchSettings, Scheduler
 from specserve.engine.tree import DraftTree
 
 

@@ -13,13 +13,14 @@ import transformers as tf
 from schedules import STRATEGIES, alone, requests, run, with_adapters
 
 from specserve.engine import families
-from specserve.engine.decode import Engine
+from specserve.engine.batch.scheduler import Scheduler
+from specserve.engine.batch.settings import BatchSettings
+from specserve.engine.decode.engine import Engine
 from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
 from specserve.engine.probe import checks, lora_targets, probe, store, tiny
 from specserve.engine.probe import run as probe_run
 from specserve.engine.probe.projections import find_projections
 from specserve.engine.sampling import SamplingParams
-from specserve.engine.scheduler import BatchSettings, Scheduler
 
 pytestmark = pytest.mark.timeout(300)
 ALL_CHECKS = [name for name, _ in probe_run.CHECKS]

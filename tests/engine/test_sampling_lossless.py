@@ -16,8 +16,8 @@ import pytest
 import torch
 from scipy.stats import chi2_contingency
 
-from specserve.engine import decode
-from specserve.engine.decode import Engine
+from specserve.engine.decode import core as decode
+from specserve.engine.decode.engine import Engine
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.seeded import seeded_tokens
 

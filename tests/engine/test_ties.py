@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specserve.engine import ties
-from specserve.engine.decode import Engine
+from specserve.engine.decode.engine import Engine
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.tree import DraftTree
 

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from specserve.engine.decode import Engine
+from specserve.engine.decode.engine import Engine
 from specserve.engine.sampling import SamplingParams
 
 pytestmark = [

@@ -15,7 +15,7 @@ from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec
 from specserve.adapters.variants import PoolBook
-from specserve.engine.decode import Engine
+from specserve.engine.decode.engine import Engine
 from specserve.engine.sampling import SamplingParams
 from specserve.models.load import LoadedModel
 from specserve.platform.api.admin import Admin, admin_router

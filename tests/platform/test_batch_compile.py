@@ -14,9 +14,10 @@ from word_tokenizer import WordTokenizer
 from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.variants import PoolBook
-from specserve.engine import compile_choice, compiled_batch
-from specserve.engine.decode import Engine
+from specserve.engine.decode.engine import Engine
+from specserve.engine.forward import compiled_batch
 from specserve.engine.sampling import SamplingParams
+from specserve.engine.tuning import compile_choice
 from specserve.models.load import LoadedModel
 from specserve.platform.batch_compile import BatchCompile
 from specserve.platform.requests import GenerateRequest, Target

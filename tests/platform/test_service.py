@@ -12,11 +12,11 @@ from word_tokenizer import WordTokenizer
 from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.variants import PoolBook
-from specserve.engine.batch_settings import BatchSettings
-from specserve.engine.cost import CostCurve
-from specserve.engine.decode import Engine
+from specserve.engine.batch.settings import BatchSettings
+from specserve.engine.decode.engine import Engine
 from specserve.engine.drafters.modules import EagleSpec
 from specserve.engine.sampling import SamplingParams
+from specserve.engine.tuning.cost import CostCurve
 from specserve.models.load import LoadedModel
 from specserve.platform.events import Delta, Done, Usage
 from specserve.platform.requests import GenerateRequest, Target

@@ -13,10 +13,10 @@ import torch
 from specserve.adapters.memory import reference_adapter_bytes
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec
-from specserve.engine.cost import CostCurve, cost_curve_path
-from specserve.engine.lora_batch import takes_adapters
+from specserve.engine.lora.batch import takes_adapters
 from specserve.engine.sampling import SamplingParams
-from specserve.engine.tuning import Tuned, tuned_path
+from specserve.engine.tuning.cost import CostCurve, cost_curve_path
+from specserve.engine.tuning.drafts import Tuned, tuned_path
 from specserve.models.load import load_model
 from specserve.platform.events import Done
 from specserve.platform.requests import GenerateRequest, Target

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.engine.cost import CostCurve, decode_cost
-from specserve.engine.decode import GenerationResult
-from specserve.engine.proposers import DRAFTER_KINDS
+from specserve.engine.decode.state import GenerationResult
+from specserve.engine.drafters.kinds import DRAFTER_KINDS
+from specserve.engine.tuning.cost import CostCurve, decode_cost
 from specserve.platform.speed import request_cost
 from specserve.platform.state.records import Acceptance
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from specserve.engine.drafters.kinds import DRAFTER_KINDS
 from specserve.engine.drafters.specs import KIND_NAMES
-from specserve.engine.proposers import DRAFTER_KINDS
 from specserve.policies.settings import PolicySettings
 
 

@@ -11,8 +11,8 @@ import torch
 from specserve.adapters.resident import ResidentAdapters
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec, validate_adapter
-from specserve.engine.decode import Engine
-from specserve.engine.lora import BASE_ADAPTER
+from specserve.engine.decode.engine import Engine
+from specserve.engine.lora.batch import BASE_ADAPTER
 from specserve.engine.sampling import SamplingParams
 from specserve.training.finetune import (
     IGNORE,

@@ -86,7 +86,7 @@ def test_drafters_train_and_decode_exactly_on_each_family(
     import torch
     from conftest import make_tiny_family
 
-    from specserve.engine.decode import Engine
+    from specserve.engine.decode.engine import Engine
     from specserve.engine.sampling import SamplingParams
 
     model = make_tiny_family(family, seed=1)

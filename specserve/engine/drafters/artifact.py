@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from specserve.engine.drafters.kinds import DRAFTER_KINDS
 from specserve.engine.drafters.specs import DrafterSpec, KindName
-from specserve.engine.proposers import DRAFTER_KINDS
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"

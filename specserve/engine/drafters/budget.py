@@ -8,10 +8,10 @@ import time
 
 import torch
 
-from specserve.engine.cost import CostCurve
 from specserve.engine.drafters.artifact import Drafter
+from specserve.engine.drafters.kinds import DRAFTER_KINDS
 from specserve.engine.drafters.vocab import head_rows
-from specserve.engine.proposers import DRAFTER_KINDS
+from specserve.engine.tuning.cost import CostCurve
 
 
 def tree_config(

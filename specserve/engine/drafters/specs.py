@@ -1,6 +1,6 @@
 """What each drafter kind's artifact holds besides weights (its spec), and the kind names derived
 from the specs. Torch-free, so the CLI, policies and platform state name and validate kinds without
-loading torch; `proposers.kinds.DRAFTER_KINDS` registers the rest of each of these kinds.
+loading torch; `drafters.kinds.DRAFTER_KINDS` registers the rest of each of these kinds.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Every touch of transformers internals lives in this package, pinned by
-tests/engine/test_hf_internals.py: the KV caches (`cache`), sliding-window layers (`windows`),
-the batched row attention (`attention`), the position-invariant attention (`invariant`) and the target's parts drafters reuse (`backbone`).
+tests/engine/test_hf_internals.py: the KV caches (`cache`; a batch's layers: `growing`),
+sliding-window layers (`windows`), the batched row attention (`attention`), the
+position-invariant attention (`invariant`) and the target's parts drafters reuse (`backbone`).
 """
 
 from specserve.engine.hf_internals.attention import (
@@ -22,19 +23,21 @@ from specserve.engine.hf_internals.backbone import (
     strip_quantizer,
 )
 from specserve.engine.hf_internals.cache import (
-    GrowingLayer,
-    append_row,
     cache_kwargs,
     cache_length,
     copy_cache,
     empty_cache,
-    gather_rows,
     keep_rows,
     kv_bytes,
     make_contiguous,
+    new_cache,
+)
+from specserve.engine.hf_internals.growing import (
+    GrowingLayer,
+    append_row,
+    gather_rows,
     move_columns,
     new_batch_cache,
-    new_cache,
     reserve,
     row_writes,
     set_write_columns,

@@ -1,7 +1,7 @@
 """The KV caches the engine runs on: a request's own (`new_cache`: one entry per committed
 position; `keep_rows` keeps the accepted nodes' entries and drops the rest; `WindowLayer` rolls
-back sliding-window layers), a batch's (`GrowingLayer`, `append_row`, `write_row`,
-`gather_rows`: each row writing at its own column).
+back sliding-window layers) and what every cache answers (length, bytes, the forward keyword);
+a batch's layers are in `growing`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from specserve.engine.hf_internals.windows import WindowLayer, layer_windows
 
@@ -78,7 +77,7 @@ def kv_bytes(cache: DynamicCache, layers: Sequence[int] | None = None) -> int:
     """Bytes of memory the keys and values of `layers` (indices; None: all) occupy, counting
     whole allocations (a `GrowingLayer`'s spare capacity, the storage a trimmed view keeps)."""
     storages = {}
-    for i in _indices(cache, layers):
+    for i in layer_indices(cache, layers):
         layer = cache.layers[i]
         for t in (layer.keys, layer.values):
             if t is not None and t.numel():
@@ -100,253 +99,8 @@ def make_contiguous(cache: DynamicCache) -> None:
             layer.values = layer.values.contiguous()
 
 
-class GrowingLayer(DynamicLayer):
-    """A DynamicLayer whose `update` writes into spare capacity instead of concatenating, so a
-    step over a long batch cache does not copy all of it. `keys` / `values` are views of the
-    used part; assigning them (as `append_row` / `gather_rows` do) replaces the buffers.
-
-    With `write_at` set (`set_write_columns`), batch row b writes its q new entries at columns
-    [write_at[b], write_at[b] + q) and the used part becomes max(write_at) + q: rows of different
-    lengths each append right after their own entries (a ragged batch in one tensor).
-
-    With `write_index` set (`set_write_index`, for a compiled forward), row b writes at the columns
-    write_index[b] [q] of buffers already `reserve`d, and `keys` / `values` are their first
-    `width.shape[1]` columns: sizes carried by tensors, no Python ints, so the graph holds for any
-    batch, width and length."""
-
-    def __init__(self) -> None:
-        self._k = self._v = None  # [b, h, capacity, d]
-        self._used = 0
-        self.write_at: list[int] | None = None  # per batch row; None: everyone at `_used`
-        self.write_index: torch.Tensor | None = None  # [b, q] columns (compiled forwards)
-        self.width: torch.Tensor | None = None  # [0, used]: the used width, as a tensor size
-        super().__init__()
-
-    @property
-    def keys(self):
-        if self.write_index is not None:
-            return self._k[:, :, : self.width.shape[1]]  # a size the graph keeps symbolic
-        return None if self._k is None else self._k[:, :, : self._used]
-
-    @keys.setter
-    def keys(self, value) -> None:
-        self._k = value
-        self._used = 0 if value is None or value.dim() < 4 else value.shape[2]
-
-    @property
-    def values(self):
-        if self.write_index is not None:
-            return self._v[:, :, : self.width.shape[1]]
-        return None if self._v is None else self._v[:, :, : self._used]
-
-    @values.setter
-    def values(self, value) -> None:
-        self._v = value
-
-    def lazy_initialization(self, key_states, value_states) -> None:
-        self.device = key_states.device
-        self.is_initialized = True
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if self.write_index is not None:
-            return self._write_indexed(key_states, value_states)
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        q = key_states.shape[2]
-        starts = self.write_at or [self._used] * key_states.shape[0]
-        end = max(starts) + q
-        if self._k is None or self._k.dim() < 4:
-            self._k, self._v, self._used = key_states.new_zeros(0), value_states.new_zeros(0), 0
-            self._grow(key_states, value_states, end)
-        elif end > self._k.shape[2]:
-            self._grow(key_states, value_states, end)
-        if min(starts) == max(starts):  # one slice for every row
-            self._k[:, :, starts[0] : end] = key_states
-            self._v[:, :, starts[0] : end] = value_states
-        else:
-            device = key_states.device
-            columns = torch.tensor(starts, device=device)[:, None] + torch.arange(q, device=device)
-            rows = torch.arange(key_states.shape[0], device=device)[:, None]  # [b, 1]
-            # an index_put_ writes just the b * q entries in place (a scatter_ into a bf16 buffer
-            # copies all of it: 869 us vs 29 us at [16, 3, 1200, 64], 56 % of a 16-row step)
-            self._k[rows, :, columns] = key_states.transpose(1, 2)  # [b, q, h, d]
-            self._v[rows, :, columns] = value_states.transpose(1, 2)
-        self._used = end
-        return self.keys, self.values
-
-    def _write_indexed(self, key_states, value_states):
-        """Row b's q entries at columns write_index[b] (an index_put, which inductor updates in
-        place; a scatter_ would copy the whole buffer every step, measured)."""
-        rows = torch.arange(key_states.shape[0], device=key_states.device)[:, None]  # [b, 1]
-        self._k[rows, :, self.write_index] = key_states.transpose(1, 2)  # [b, q, h, d]
-        self._v[rows, :, self.write_index] = value_states.transpose(1, 2)
-        return self.keys, self.values
-
-    def reserve(self, end: int) -> None:
-        """Room for `end` columns (growing as `update` does), which the next forward's rows use.
-        Only for a layer that holds entries."""
-        if end > self._k.shape[2]:
-            self._grow(self._k, self._v, end)
-        self._used = end
-
-    def _grow(self, key_states, value_states, end: int) -> None:
-        """Reallocate with room for half as much again (and 64 more) and copy the used part."""
-        b, h, _, d = key_states.shape
-        capacity = end * 3 // 2 + 64
-        k = key_states.new_zeros(b, h, capacity, d)  # zeros: a masked column must not be NaN
-        v = value_states.new_zeros(b, h, capacity, value_states.shape[3])
-        if self._used:
-            k[:, :, : self._used] = self._k[:, :, : self._used]
-            v[:, :, : self._used] = self._v[:, :, : self._used]
-        self._k, self._v = k, v
-
-
-def set_write_columns(
-    cache: DynamicCache, columns: list[int] | None, layers: Sequence[int] | None = None
-) -> None:
-    """The next forward writes batch row b's entries from column columns[b] on (None: all rows
-    after the used part), in `layers` (indices; None: all). Only where `row_writes(cache)`."""
-    for i in _indices(cache, layers):
-        cache.layers[i].write_at = columns
-
-
-def reserve(cache: DynamicCache, end: int) -> None:
-    """Every layer has room for `end` columns, which the next forward uses. For a batch cache
-    whose rows are in (`append_row`)."""
-    for layer in cache.layers:
-        layer.reserve(end)
-
-
-def set_write_index(cache: DynamicCache, index: torch.Tensor | None, used: int = 0) -> None:
-    """The next forwards write batch row b's entries at columns index[b] [q] of the reserved
-    buffers and attend their first `used` columns (None: back to `write_at` / the used part)."""
-    width = None if index is None else torch.empty(0, used, device=index.device)
-    for layer in cache.layers:
-        layer.write_index, layer.width = index, width
-
-
-def _indices(cache: DynamicCache, layers: Sequence[int] | None) -> Sequence[int]:
+def layer_indices(cache: DynamicCache, layers: Sequence[int] | None) -> Sequence[int]:
     return range(len(cache.layers)) if layers is None else layers
-
-
-def row_writes(cache: DynamicCache) -> bool:
-    """Every layer can write each batch row at its own column."""
-    return all(isinstance(layer, GrowingLayer) for layer in cache.layers)
-
-
-def new_batch_cache(config) -> DynamicCache:
-    """A cache for a decode batch: every layer appends in place (`GrowingLayer`); sliding-window
-    layers hold all of each row's positions too, and the engine's masks apply the window."""
-    cache = DynamicCache(config=config)
-    cache.layers = [GrowingLayer() for _ in layer_windows(config)]
-    return cache
-
-
-@torch.inference_mode()
-def append_row(
-    cache: DynamicCache,
-    row_cache: DynamicCache,
-    length: int,
-    layers: Sequence[int] | None = None,
-    first: int = 0,
-) -> None:
-    """Add `row_cache`'s positions [first, length) as a new batch row of `cache` (batch 1 there)
-    in `layers` (indices; None: all), at columns 0, 1, ...
-
-    Rows are right-padded with zeros to the longer of the two; the caller masks padding out.
-    Example: cache [2 rows, 5 positions] + a row of 7 -> [3 rows, 7 positions].
-    """
-    for i in _indices(cache, layers):
-        layer = cache.layers[i]
-        keys, values = _row_entries(row_cache.layers[i], first, length)
-        if not layer.is_initialized or layer.keys.numel() == 0:
-            layer.lazy_initialization(keys, values)
-            layer.keys, layer.values = keys.clone(), values.clone()
-            continue
-        width = max(layer.keys.shape[2], keys.shape[2])
-        new_keys = torch.cat([_pad_to(layer.keys, width), _pad_to(keys, width)], dim=0)
-        new_values = torch.cat([_pad_to(layer.values, width), _pad_to(values, width)], dim=0)
-        layer.keys, layer.values = new_keys, new_values
-
-
-@torch.inference_mode()
-def write_row(
-    cache: DynamicCache,
-    row: int,
-    row_cache: DynamicCache,
-    length: int,
-    layers: Sequence[int] | None = None,
-    first: int = 0,
-) -> None:
-    """Overwrite batch row `row`'s first columns with `row_cache`'s positions [first, length)
-    (batch 1 there) in `layers`, in place; the caller hides the row's other columns. Requires
-    length - first <= the cache's columns."""
-    for i in _indices(cache, layers):
-        layer = cache.layers[i]
-        keys, values = _row_entries(row_cache.layers[i], first, length)
-        layer.keys[row, :, : length - first] = keys[0]
-        layer.values[row, :, : length - first] = values[0]
-
-
-def _row_entries(layer, first: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A request cache layer's positions [first, length) as [1, h, length - first, d] keys and
-    values (a `WindowLayer` holds positions from its offset on; asking for older ones raises)."""
-    offset = layer.offset if isinstance(layer, WindowLayer) else 0
-    if first < offset:
-        raise ValueError(f"positions from {first} asked of a window layer holding {offset} on")
-    cols = slice(first - offset, length - offset)
-    return layer.keys[:, :, cols], layer.values[:, :, cols]
-
-
-def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
-    """[b, h, n, d] -> [b, h, width, d], zeros on the right."""
-    extra = width - t.shape[2]
-    return t if extra == 0 else torch.nn.functional.pad(t, (0, 0, 0, extra))
-
-
-@torch.inference_mode()
-def gather_rows(
-    cache: DynamicCache,
-    rows: torch.Tensor,
-    columns: torch.Tensor,
-    layers: Sequence[int] | None = None,
-) -> None:
-    """Keep batch rows `rows` [b'] and, for kept row i, columns `columns[i]` [b', n'] in order,
-    in `layers` (indices; None: all).
-
-    Example: rows [2, 0], columns [[0, 3], [1, 1]] leaves 2 rows of 2 positions: old row 2's
-    positions 0 and 3, then old row 0's position 1 twice (repeats are how callers pad).
-    """
-    for i in _indices(cache, layers):
-        layer = cache.layers[i]
-        if not layer.is_initialized or layer.keys.numel() == 0:
-            continue
-        device = layer.keys.device
-        r, c = rows.to(device), columns.to(device)
-        _, heads, _, dim = layer.keys.shape
-        index = c[:, None, :, None].expand(len(r), heads, c.shape[1], dim)
-        new_keys = torch.gather(layer.keys[r], 2, index)
-        new_values = torch.gather(layer.values[r], 2, index)
-        layer.keys, layer.values = new_keys, new_values  # both read before either is replaced
-
-
-@torch.inference_mode()
-def move_columns(
-    cache: DynamicCache,
-    rows: torch.Tensor,
-    src: torch.Tensor,
-    dst: torch.Tensor,
-    layers: Sequence[int] | None = None,
-) -> None:
-    """For each i, batch row rows[i]'s entry at column src[i] goes to column dst[i] (all read
-    before any is written), in `layers`; one indexed copy per layer, in place. Example: rows
-    [0, 0], src [5, 7], dst [4, 5] packs row 0's columns 5 and 7 right after column 3."""
-    for i in _indices(cache, layers):
-        layer = cache.layers[i]
-        keys, values = layer.keys, layer.values  # views of the used part: writes land in place
-        r, s, d = rows.to(keys.device), src.to(keys.device), dst.to(keys.device)
-        keys[r, :, d] = keys[r, :, s]
-        values[r, :, d] = values[r, :, s]
 
 
 def empty_cache() -> DynamicCache:

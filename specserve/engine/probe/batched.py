@@ -4,12 +4,12 @@ and the base) joining a `Scheduler` at different steps each decode what they dec
 
 from __future__ import annotations
 
-from specserve.engine.batch_settings import BatchSettings
-from specserve.engine.lora import BASE_ADAPTER
+from specserve.engine.batch.scheduler import Scheduler
+from specserve.engine.batch.settings import BatchSettings
+from specserve.engine.lora.batch import BASE_ADAPTER
 from specserve.engine.probe.checks import ADAPTER, STRATEGIES, CheckFailed, Probe, same_tokens
 from specserve.engine.probe.result import CheckFailure
 from specserve.engine.sampling import SamplingParams
-from specserve.engine.scheduler import Scheduler
 
 MAX_NEW = 12
 MAX_STEPS = 400

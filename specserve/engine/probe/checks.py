@@ -10,13 +10,14 @@ import random
 from dataclasses import dataclass, field
 
 import torch
+from transformers import GenerationConfig
 
 from specserve.engine import hf_internals
-from specserve.engine.decode import Engine
+from specserve.engine.decode.core import Decoder
 from specserve.engine.drafters.artifact import Drafter, Manifest, build_module
 from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
-from specserve.engine.forward import verify_forward
-from specserve.engine.lora_store import attach_store
+from specserve.engine.forward.single import verify_forward
+from specserve.engine.lora.store import attach_store
 from specserve.engine.probe.projections import Projections, find_projections
 from specserve.engine.probe.result import CheckFailure
 from specserve.engine.sampling import SamplingParams
@@ -54,7 +55,7 @@ class Probe:
 
     model: object
     prompts: list[list[int]]
-    engine: Engine | None = None
+    engine: Decoder | None = None
     projections: Projections = field(default_factory=Projections)
     merged: object = None  # the model with the adapter merged into its weights
     lora_checked: tuple[str, ...] = ()  # the projections the LoRA check put the adapter on
@@ -78,8 +79,6 @@ def prompts(vocab: int) -> list[list[int]]:
 
 def greedy(model, ids: list[int], max_new: int = MAX_NEW) -> list[int]:
     """Hugging Face `generate()`, greedy, no early stop."""
-    from transformers import GenerationConfig
-
     model.generation_config = GenerationConfig()
     x = torch.tensor([ids])
     out = model.generate(
@@ -134,7 +133,9 @@ def drafters(p: Probe) -> None:
             raise CheckFailed(
                 CheckFailure(check=f"{spec.kind} drafter", detail=f"{type(e).__name__}: {e}")
             ) from e
-    p.engine = Engine(p.model, IdTokenizer(), frozenset(), drafters=found, admitted=True)
+    p.engine = Decoder(
+        p.model, IdTokenizer(), frozenset(), drafters=found
+    )  # admitted: the probe decides
 
 
 def random_drafter(model, spec, seed: int) -> Drafter:
@@ -236,7 +237,7 @@ def lora_equals_merged(p: Probe) -> None:
 def lora_pair(model, targets: tuple[str, ...]):
     """({module: (A, B x scaling)}, merged model) of a seeded rank-4 peft LoRA on `targets`;
     (None, None) when peft also wraps a module that is not a Linear."""
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # lazy: peft adds ~2 s to import
 
     linears = [  # full names: a leaf name can also be a fused experts module's parameter
         name

@@ -10,6 +10,7 @@ import hashlib
 import json
 
 import torch
+from transformers import AutoModelForCausalLM
 
 VOCAB = 96  # every probe prompt draws ids below this
 WINDOW = 8  # a sliding window shorter than the probe's prompts, so it is exercised
@@ -106,8 +107,6 @@ def fingerprint(config) -> str:
 def build(config, seed: int = 0):
     """The tiny config's causal LM (transformers' Auto class, random weights), fp32, eval,
     gradients off. The global RNG is left as it was."""
-    from transformers import AutoModelForCausalLM
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config).to(torch.float32).eval()

@@ -1,5 +1,5 @@
-"""Proposers: each turns request state into a `Draft`; importing this package registers them and
-the drafter kinds (`DRAFTER_KINDS`) that the trained-drafter strategies draft with."""
+"""Proposers: each turns request state into a `Draft`; importing this package registers them (the
+trained-drafter strategies draft with the kinds of `drafters.kinds`)."""
 
 from specserve.engine.proposers import (  # noqa: F401
     ar,
@@ -16,12 +16,9 @@ from specserve.engine.proposers.base import (
     ProposerContext,
     Strategy,
 )
-from specserve.engine.proposers.kinds import DRAFTER_KINDS, DrafterKind
 
 __all__ = [
-    "DRAFTER_KINDS",
     "REGISTRY",
-    "DrafterKind",
     "FeatureProposer",
     "Proposer",
     "ProposerContext",

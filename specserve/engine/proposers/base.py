@@ -1,19 +1,20 @@
-"""The proposer contract, name registries and the strategy registry.
+"""The proposer contract and the strategy registry.
 
 A proposer holds one request's drafting state; it only proposes a `Draft` and observes what the
-verifier committed. Strategies (and drafter kinds) are looked up by name; unknown names list the
-valid ones.
+verifier committed. Strategies are looked up by name (`registry.Registry`); unknown names list
+the valid ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Protocol
 
 from pydantic import BaseModel, ValidationError
 
 from specserve.engine.ngram_pool import NGramPool
+from specserve.engine.registry import Registry
 from specserve.engine.tree import Draft
 
 
@@ -70,43 +71,6 @@ class Strategy:
     @property
     def drafts_with(self) -> str:
         return self.drafter_kind or self.name
-
-
-class Named(Protocol):
-    @property
-    def name(self) -> str: ...
-
-
-T = TypeVar("T", bound=Named)
-
-
-class Registry(Generic[T]):
-    """Name -> entry, each name registered once; `get` of an unknown name fails listing the valid
-    ones. `what` / `plural` name the entries in messages ("strategy" / "strategies")."""
-
-    def __init__(self, what: str, plural: str, error: type[ValueError] = ValueError) -> None:
-        self._what = what
-        self._plural = plural
-        self._error = error
-        self._entries: dict[str, T] = {}
-
-    def register(self, entry: T) -> T:
-        if entry.name in self._entries:
-            raise ValueError(f"{self._what} {entry.name!r} is already registered")
-        self._entries[entry.name] = entry
-        return entry
-
-    def names(self) -> list[str]:
-        return sorted(self._entries)
-
-    def get(self, name: str) -> T:
-        try:
-            return self._entries[name]
-        except KeyError:
-            raise self._error(
-                f"{self._what}: unknown {self._what} {name!r}; "
-                f"valid {self._plural}: {', '.join(self.names())}"
-            ) from None
 
 
 class UnknownStrategyError(ValueError):

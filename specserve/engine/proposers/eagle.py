@@ -4,7 +4,7 @@ log-probability for `depth` levels, then keeps the best `total_tokens` nodes for
 
 The draft layer has its own KV cache over committed positions (computed from the target's
 features, handed over after each commit); tree rows are appended while drafting and dropped after.
-The strategy and its drafter kind (module, tree budget) are both declared here.
+Its drafter kind (module, tree budget) is declared in `drafters.kinds`.
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.engine import hf_internals
-from specserve.engine.cost import CostCurve
-from specserve.engine.drafters.modules import EagleDraft, additive_mask
+from specserve.engine.drafters.modules import additive_mask
 from specserve.engine.drafters.specs import EagleSpec
-from specserve.engine.drafters.trees import choose_tree_size, greedy_tree, select_nodes
+from specserve.engine.drafters.trees import select_nodes
 from specserve.engine.drafters.vocab import head_rows, request_vocab
 from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy
-from specserve.engine.proposers.kinds import DRAFTER_KINDS, DrafterKind
 from specserve.engine.tree import Draft, DraftTree
 
 
@@ -152,32 +150,3 @@ def _build(config: EagleConfig, ctx: ProposerContext) -> EagleProposer:
 
 
 EAGLE = REGISTRY.register(Strategy("eagle", EagleConfig, _build))
-
-
-def _draft_level(drafter, rows: torch.Tensor, nodes: int) -> torch.Tensor:
-    """The draft layer over `nodes` rows and the draft LM head's log-probabilities."""
-    target = drafter.target
-    dev, dtype = rows.device, rows.dtype
-    e = torch.zeros(1, nodes, target.config.hidden_size, device=dev, dtype=dtype)
-    mask = additive_mask(torch.ones(nodes, nodes, dtype=torch.bool, device=dev), dtype)[None, None]
-    pos = torch.zeros(1, nodes, dtype=torch.long, device=dev)
-    h = drafter.module(e, e, mask, pos, target, None)
-    return torch.log_softmax((h[0] @ rows.T).float(), dim=-1)
-
-
-def _tree_config(acc: list[list[float]], curve: CostCurve, step_cost: float, max_size: int) -> dict:
-    """The dynamic tree's depth, expansion and size; each level costs `step_cost`."""
-    size, speed = choose_tree_size(acc, curve.relative, max_size, draft_step_cost=step_cost)
-    size = max(size, 1)
-    paths = [p for p, _ in greedy_tree(acc, size)]
-    depth = max(len(p) for p in paths)
-    topk = min(max(2, 1 + max(r for p in paths for r in p)), 8)
-    return {
-        "depth": depth,
-        "topk": topk,
-        "total_tokens": size,
-        "predicted_speedup": round(speed, 3),
-    }
-
-
-EAGLE_KIND = DRAFTER_KINDS.register(DrafterKind(EagleSpec, EagleDraft, _draft_level, _tree_config))

@@ -1,7 +1,7 @@
 """`medusa` (Cai et al. 2024, Medusa-1): K heads on the target's last feature draft the tokens
 2..K+1 positions ahead; each head's top candidates fill a static tree built from the heads'
 measured accuracies (the paper's greedy construction), sized by the caller to the device.
-The strategy and its drafter kind (module, tree budget) are both declared here.
+Its drafter kind (module, tree budget) is declared in `drafters.kinds`.
 """
 
 from __future__ import annotations
@@ -9,13 +9,10 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from specserve.engine.cost import CostCurve
-from specserve.engine.drafters.modules import MedusaHeads
 from specserve.engine.drafters.specs import MedusaSpec
-from specserve.engine.drafters.trees import choose_tree_size, greedy_tree
+from specserve.engine.drafters.trees import greedy_tree
 from specserve.engine.drafters.vocab import head_rows, request_vocab
 from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy
-from specserve.engine.proposers.kinds import DRAFTER_KINDS, DrafterKind
 from specserve.engine.tree import Draft, DraftTree
 
 
@@ -87,24 +84,3 @@ def _build(config: MedusaConfig, ctx: ProposerContext) -> MedusaProposer:
 
 
 MEDUSA = REGISTRY.register(Strategy("medusa", MedusaConfig, _build))
-
-
-def _heads(target, spec: MedusaSpec) -> MedusaHeads:
-    return MedusaHeads(target.config.hidden_size, spec)
-
-
-def _draft_level(drafter, rows: torch.Tensor, nodes: int) -> torch.Tensor:
-    """All heads and the LM head for one feature (the heads draft every depth at once)."""
-    feature = torch.zeros(drafter.target.config.hidden_size, device=rows.device, dtype=rows.dtype)
-    return drafter.module(feature) @ rows.T
-
-
-def _tree_config(acc: list[list[float]], curve: CostCurve, step_cost: float, max_size: int) -> dict:
-    """The static tree's size; the heads cost `step_cost` once per step, whatever the tree."""
-    size, speed = choose_tree_size(acc, curve.relative, max_size, draft_fixed_cost=step_cost)
-    return {"tree_size": max(size, 1), "predicted_speedup": round(speed, 3)}
-
-
-MEDUSA_KIND = DRAFTER_KINDS.register(
-    DrafterKind(MedusaSpec, _heads, _draft_level, _tree_config, level_per_depth=False)
-)

@@ -29,6 +29,15 @@ from specserve.platform.state.registry import (
 log = logging.getLogger(__name__)
 
 
+def _job_progress(registry: Registry, key, kind: str, total: int | None) -> RegistryProgress:
+    """A training job's bar: its progress into the drafter's status (state "running")."""
+
+    def write(progress: float) -> None:
+        registry.set_drafter(key, DrafterStatus(kind=kind, state="running", progress=progress))
+
+    return RegistryProgress(write, total)
+
+
 def run_drafter_job(
     record: dict, kind: str, budget_minutes: float | None, args: dict, retrain: dict | None = None
 ) -> dict:
@@ -70,12 +79,7 @@ def run_drafter_job(
             train_settings,
             adapter_sha256=checked.sha256,
             data_dir=served.cache_dir / "teacher",  # teacher data shared by kinds and retrains
-            progress_bar=lambda total, desc: RegistryProgress(
-                lambda p: registry.set_drafter(
-                    key, DrafterStatus(kind=kind, state="running", progress=p)
-                ),
-                total,
-            ),
+            progress_bar=lambda total, desc: _job_progress(registry, key, kind, total),
             adapter=str(key),
         )
         tau = drafter.manifest.heldout_tau

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from specserve.engine.batch_settings import BatchSettings
+from specserve.engine.batch.settings import BatchSettings
 from specserve.tools.faults.context import Context, build_report, no_broken
 from specserve.tools.faults.outcome import RequestResult
 from specserve.tools.faults.report import FaultReport

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.engine.cost import CostCurve
 from specserve.engine.drafters.budget import drafter_config, measure_step_cost
 from specserve.engine.drafters.specs import KIND_NAMES, EagleSpec, MedusaSpec
 from specserve.engine.proposers import REGISTRY
+from specserve.engine.tuning.cost import CostCurve
 
 SPECS = {"medusa": MedusaSpec(heads=2, topk=3), "eagle": EagleSpec(feature_layers=(0, -1))}
 CURVE = CostCurve(model_id="m", device="d", dtype="t", context=64, ms={1: 1.0, 4: 1.1, 16: 1.3})

@@ -8,7 +8,6 @@ import random
 
 import pytest
 
-from specserve.engine.cost import CostCurve
 from specserve.engine.drafters.budget import tree_config
 from specserve.engine.drafters.trees import (
     choose_tree_size,
@@ -17,6 +16,7 @@ from specserve.engine.drafters.trees import (
     select_nodes,
     tree_depth,
 )
+from specserve.engine.tuning.cost import CostCurve
 
 
 def _all_paths(acc):

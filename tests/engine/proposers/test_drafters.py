@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specserve.engine import hf_internals
-from specserve.engine.decode import Engine
+from specserve.engine.decode.engine import Engine
 from specserve.engine.drafters.specs import EagleSpec, MedusaSpec
 from specserve.engine.sampling import SamplingParams
 

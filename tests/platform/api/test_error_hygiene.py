@@ -26,7 +26,7 @@ from specserve.platform.state.memory_store import MemoryStore
 from specserve.platform.state.registry import Registry
 
 BASE = "tiny"
-IP, PID, PATH = "10.1.2.3", 4242, "/home/ray/specserve/engine/decode.py"
+IP, PID, PATH = "10.1.2.3", 4242, "/home/ray/specserve/engine/decode/core.py"
 TOO_LONG = "prompt: 2000 tokens + max_new_tokens 16 exceed the model's context of 1024 positions"
 LEAKS = re.compile(rf"Traceback|pid|{re.escape(IP)}|/home/|\x1b|actor_id|File \"")
 

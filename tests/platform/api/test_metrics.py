@@ -1,4 +1,4 @@
-from specserve.engine.batch_stats import BatchStats
+from specserve.engine.batch.stats import BatchStats
 from specserve.platform.api.metrics import Metrics
 from specserve.platform.events import Done, DoneInfo, Usage
 from specserve.platform.replica_stats import AdapterFigures, Numerics, PoolStats, ReplicaStats

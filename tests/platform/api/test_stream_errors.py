@@ -20,7 +20,7 @@ from specserve.platform.state.memory_store import MemoryStore
 from specserve.platform.state.registry import Registry
 
 BASE = "tiny"
-LEAKY = "worker pid=4242 at 10.0.0.7 in /home/ray/specserve/engine/scheduler.py"
+LEAKY = "worker pid=4242 at 10.0.0.7 in /home/ray/specserve/engine/batch/scheduler.py"
 ERRORS = [(ReplicaLost(LEAKY), "replica_lost"), (RuntimeError(LEAKY), "stream_error")]
 
 
