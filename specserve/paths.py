@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from specserve.env import EnvVar
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONFIG_DIR = PACKAGE_DIR / "configs"
 
@@ -22,7 +24,7 @@ def config_file(name: str) -> Path:
 
 def default_cache_dir() -> Path:
     """$SPECSERVE_CACHE, else ~/.cache/specserve."""
-    env = os.environ.get("SPECSERVE_CACHE")
+    env = os.environ.get(EnvVar.CACHE)
     if env:
         return Path(env).expanduser()
     return Path.home() / ".cache" / "specserve"

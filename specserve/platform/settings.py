@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,31 +18,8 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from specserve.engine.batch.settings import BatchSettings
+from specserve.env import EnvVar
 from specserve.paths import config_file, default_cache_dir
-
-
-class EnvVar(StrEnum):
-    """The variables specserve reads (`Environment`): each name is spelled here only."""
-
-    ADMIN_TOKEN = "SPECSERVE_ADMIN_TOKEN"
-    TENANT_KEYS_FILE = "SPECSERVE_TENANT_KEYS_FILE"
-    REDIS_URL = "REDIS_URL"
-    POOL_REDIS_URL = "SPECSERVE_POOL_REDIS_URL"
-    REDIS_EMBEDDED = "SPECSERVE_REDIS_EMBEDDED"
-    CACHE = "SPECSERVE_CACHE"
-    POLICY_FILE = "SPECSERVE_POLICY_FILE"
-    ADAPTER_ROOT = "SPECSERVE_ADAPTER_ROOT"
-    FAULT_INJECTION = "SPECSERVE_FAULT_INJECTION"
-
-
-# what a deployment sets for its replicas, passed on by `specserve up` as it finds them
-DEPLOYMENT_VARIABLES = (
-    EnvVar.POLICY_FILE,
-    EnvVar.ADAPTER_ROOT,
-    EnvVar.TENANT_KEYS_FILE,
-    EnvVar.POOL_REDIS_URL,
-    EnvVar.REDIS_URL,
-)
 
 ENV_ONLY = frozenset(
     {

@@ -3,13 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specserve.platform.settings import (
-    DEPLOYMENT_VARIABLES,
-    Environment,
-    EnvVar,
-    PlatformSettings,
-    TenantKeys,
-)
+from specserve.env import DEPLOYMENT_VARIABLES, EnvVar
+from specserve.platform.settings import Environment, PlatformSettings, TenantKeys
 
 REPO = Path(__file__).resolve().parents[2]
 

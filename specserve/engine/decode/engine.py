@@ -4,8 +4,6 @@ the engine cannot serve is refused at construction, not mid-stream."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from specserve.engine import families
 from specserve.engine.decode.core import Decoder
 
@@ -14,14 +12,7 @@ class Engine(Decoder):
     """A `Decoder` over an admitted model; raises `families.UnsupportedModel` for an architecture
     `families.family_of` refuses."""
 
-    def __init__(
-        self,
-        model,
-        tokenizer,
-        eos_ids: frozenset[int],
-        pad_width: Callable[[int], int] | None = None,
-        drafters: dict[str, object] | None = None,
-        invariant: bool = True,
-    ) -> None:
+    def __init__(self, model, *args, **kwargs) -> None:
+        """`Decoder`'s arguments; the family check comes first."""
         families.family_of(model.config)
-        super().__init__(model, tokenizer, eos_ids, pad_width, drafters, invariant)
+        super().__init__(model, *args, **kwargs)

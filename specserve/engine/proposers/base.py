@@ -29,6 +29,19 @@ class ProposerContext:
     drafter: object | None = None  # trained drafter for this strategy (Medusa / EAGLE), if any
 
 
+def trained_drafter(ctx: ProposerContext, spec_type: type, kind: str, label: str):
+    """The context's trained drafter if it is of `spec_type`; else the error that says how to
+    get one (`label`: the method's name in prose)."""
+    drafter = ctx.drafter
+    if drafter is None or not isinstance(drafter.spec, spec_type):
+        raise ValueError(
+            f"strategy '{kind}' needs a trained {label} drafter"
+            f" for this model (specserve train-drafter --kind {kind}; pass its directory with"
+            " --drafter-dir)"
+        )
+    return drafter
+
+
 class Proposer(Protocol):
     """`feature_layers` (optional attribute, default none): the target hidden layers the
     proposer drafts from (see `hf_internals.hidden_features`). A proposer that names any also

@@ -17,7 +17,7 @@ from specserve.engine.drafters.modules import additive_mask
 from specserve.engine.drafters.specs import EagleSpec
 from specserve.engine.drafters.trees import select_nodes
 from specserve.engine.drafters.vocab import head_rows, request_vocab
-from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy
+from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy, trained_drafter
 from specserve.engine.tree import Draft, DraftTree
 
 
@@ -31,12 +31,7 @@ class EagleConfig(BaseModel):
 
 class EagleProposer:
     def __init__(self, config: EagleConfig, ctx: ProposerContext) -> None:
-        drafter = ctx.drafter
-        if drafter is None or not isinstance(drafter.spec, EagleSpec):
-            raise ValueError(
-                "strategy 'eagle' needs a trained EAGLE drafter for this model "
-                "(specserve train-drafter --kind eagle; pass its directory with --drafter-dir)"
-            )
+        drafter = trained_drafter(ctx, EagleSpec, "eagle", "EAGLE")
         self.config = config
         self.drafter = drafter  # the trained drafter (the service prices its draft levels)
         self.draft = drafter.module

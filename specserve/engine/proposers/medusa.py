@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from specserve.engine.drafters.specs import MedusaSpec
 from specserve.engine.drafters.trees import greedy_tree
 from specserve.engine.drafters.vocab import head_rows, request_vocab
-from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy
+from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy, trained_drafter
 from specserve.engine.tree import Draft, DraftTree
 
 
@@ -35,12 +35,7 @@ class MedusaProposer:
     feature_layers = (-1,)
 
     def __init__(self, config: MedusaConfig, ctx: ProposerContext) -> None:
-        drafter = ctx.drafter
-        if drafter is None or not isinstance(drafter.spec, MedusaSpec):
-            raise ValueError(
-                "strategy 'medusa' needs a trained Medusa drafter for this model "
-                "(specserve train-drafter --kind medusa; pass its directory with --drafter-dir)"
-            )
+        drafter = trained_drafter(ctx, MedusaSpec, "medusa", "Medusa")
         self.drafter = drafter  # the trained drafter (the service prices its draft levels)
         self.heads = drafter.module
         spec = drafter.spec

@@ -10,8 +10,8 @@ from urllib.parse import urlencode
 
 import httpx
 
+from specserve.env import CLIENT_URL, EnvVar
 from specserve.platform.api.http_client import send
-from specserve.platform.settings import EnvVar
 
 
 class AdminClient:
@@ -28,7 +28,7 @@ class AdminClient:
             raise ValueError(
                 f"admin token: pass --token, set {EnvVar.ADMIN_TOKEN}, or run `specserve up` first"
             )
-        return cls(url or os.environ.get("SPECSERVE_URL", "http://127.0.0.1:8000"), token)
+        return cls(url or os.environ.get(CLIENT_URL, "http://127.0.0.1:8000"), token)
 
     def call(self, method: str, path: str, body: dict | None = None) -> dict:
         try:

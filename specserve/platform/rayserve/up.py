@@ -14,9 +14,10 @@ from pathlib import Path
 
 import yaml
 
+from specserve.env import DEPLOYMENT_VARIABLES, EnvVar
 from specserve.paths import config_file
 from specserve.platform.rayserve import loopback
-from specserve.platform.settings import DEPLOYMENT_VARIABLES, EnvVar, PlatformSettings
+from specserve.platform.settings import PlatformSettings
 from specserve.platform.state.embedded import NoRedisServer, StoreSettings, resolve_store
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import ray
 from pydantic import BaseModel, Field
 
+from specserve.env import EnvVar
 from specserve.platform.rayserve import loopback
-from specserve.platform.settings import EnvVar
 from specserve.platform.state.redis_server import EmbeddedRedis, free_port
 from specserve.tools.cluster import app, gcs, observe, scenarios
 from specserve.tools.cluster.figures import Machine, Summary

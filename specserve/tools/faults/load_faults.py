@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
+from specserve.env import EnvVar
 from specserve.platform.rayserve.up import embedded_redis_dir
-from specserve.platform.settings import EnvVar
 from specserve.tools.faults.context import Context, build_report, first_error, no_broken
 from specserve.tools.faults.outcome import RequestResult
 from specserve.tools.faults.procs import (

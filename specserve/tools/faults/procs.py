@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel
 
-from specserve.platform.settings import EnvVar
+from specserve.env import EnvVar
 
 REPLICA_TITLE = "ServeReplica:specserve:ModelServer"
 CONTROLLER_TITLE = "ray::ServeController"

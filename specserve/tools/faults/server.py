@@ -17,7 +17,7 @@ import psutil
 import yaml
 from pydantic import BaseModel, Field
 
-from specserve.platform.settings import DEPLOYMENT_VARIABLES, EnvVar
+from specserve.env import DEPLOYMENT_VARIABLES, EnvVar
 from specserve.platform.state.redis_server import free_port
 from specserve.tools.faults.traffic import Traffic, first_success
 
