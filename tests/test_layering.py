@@ -1,6 +1,6 @@
-"""The import direction between specserve's layers, read statically (`ast`: nothing is imported).
-Every import counts, at module level and inside functions; policies also stay light through
-everything they import at module level."""
+"""The import direction between specserve's layers, read statically (`ast`: nothing is imported),
+and no import cycle between its modules. Every import counts, at module level and inside
+functions; policies also stay light through everything they import at module level."""
 
 from __future__ import annotations
 
@@ -175,6 +175,77 @@ def test_light_layers_load_nothing_heavy(layer):
     assert not bad, f"{layer} loads a heavy library when imported:\n" + "\n".join(bad)
 
 
+def _target(name: str) -> Path | None:
+    """The file that defines `name` inside specserve (the deepest module on its path)."""
+    files = module_files(name)
+    return files[-1] if files else None
+
+
+def import_graph(paths: list[Path]) -> dict[Path, set[Path]]:
+    """module file -> the module files it imports (anywhere in it), leaving out its own packages,
+    whose __init__ Python runs first anyway."""
+    graph: dict[Path, set[Path]] = {path: set() for path in paths}
+    for path in paths:
+        for item in imports_of(path):
+            target = _target(item.name) if under(item.name, "specserve") else None
+            if target is None or target == path:
+                continue
+            if target.name == "__init__.py" and path.is_relative_to(target.parent):
+                continue
+            graph[path].add(target)
+    return graph
+
+
+def cycles(graph: dict[Path, set[Path]]) -> list[list[Path]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
+    on_stack: set[Path] = set()
+    found: list[list[Path]] = []
+    for root, targets in graph.items():
+        if root in index:
+            continue
+        work = [(root, iter(sorted(targets)))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph.get(child, ())))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return found
+
+
+def _shown(component: list[Path]) -> str:
+    return " <-> ".join(module_name(p) for p in component)
+
+
+def test_no_import_cycle_between_modules():
+    found = cycles(import_graph(modules()))
+    assert not found, "import cycles:\n" + "\n".join(_shown(c) for c in found)
+
+
 # -- the checker itself
 
 
@@ -230,3 +301,21 @@ def test_heavy_loads_follow_module_level_imports_only(tmp_path, monkeypatch):
         " imports torch"
     )
     assert heavy_loads(policies / "a.py") == [expected]
+
+
+def test_a_cycle_through_a_function_import_is_found(tmp_path, monkeypatch):
+    root = tmp_path / "specserve"
+    files = {
+        "__init__.py": "",
+        "a.py": "from specserve.b import x\n",
+        "b.py": "def f():\n    from specserve import a  # lazy: hides the cycle\n",
+        "c.py": "from specserve.a import y\n",
+        "pkg/__init__.py": "from specserve.pkg.d import z\n",
+        "pkg/d.py": "from specserve.pkg import e\n",  # its own package: no cycle
+        "pkg/e.py": "",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    monkeypatch.setitem(globals(), "PACKAGE", root)
+    assert cycles(import_graph(modules())) == [[root / "a.py", root / "b.py"]]

@@ -1,6 +1,5 @@
-"""The shape of the package, read statically: no import cycle between specserve modules (imports
-inside functions count), an import inside a function says why (`# lazy: <why>`), and no module
-over 350 lines or function over 60."""
+"""The shape of the package, read statically: an import inside a function says why
+(`# lazy: <why>`), and no module is over 350 lines or function over 60."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import test_layering as layering
-from test_layering import imports_of, module_files, module_name, modules, under
+from test_layering import modules
 
 MAX_MODULE_LINES = 350
 MAX_FUNCTION_LINES = 60
@@ -17,68 +16,6 @@ MAX_FUNCTION_LINES = 60
 
 def _relative(path: Path) -> Path:
     return path.relative_to(layering.PACKAGE.parent)
-
-
-def _target(name: str) -> Path | None:
-    """The file that defines `name` inside specserve (the deepest module on its path)."""
-    files = module_files(name)
-    return files[-1] if files else None
-
-
-def import_graph(paths: list[Path]) -> dict[Path, set[Path]]:
-    """module file -> the module files it imports (anywhere in it), leaving out its own packages,
-    whose __init__ Python runs first anyway."""
-    graph: dict[Path, set[Path]] = {path: set() for path in paths}
-    for path in paths:
-        for item in imports_of(path):
-            target = _target(item.name) if under(item.name, "specserve") else None
-            if target is None or target == path:
-                continue
-            if target.name == "__init__.py" and path.is_relative_to(target.parent):
-                continue
-            graph[path].add(target)
-    return graph
-
-
-def cycles(graph: dict[Path, set[Path]]) -> list[list[Path]]:
-    """Strongly connected components with more than one module (Tarjan, iterative)."""
-    index: dict[Path, int] = {}
-    low: dict[Path, int] = {}
-    stack: list[Path] = []
-    on_stack: set[Path] = set()
-    found: list[list[Path]] = []
-    for root, targets in graph.items():
-        if root in index:
-            continue
-        work = [(root, iter(sorted(targets)))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is None:
-                work.pop()
-                if work:
-                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
-                if low[node] == index[node]:
-                    component = []
-                    while True:
-                        member = stack.pop()
-                        on_stack.discard(member)
-                        component.append(member)
-                        if member == node:
-                            break
-                    if len(component) > 1:
-                        found.append(sorted(component))
-            elif child not in index:
-                index[child] = low[child] = len(index)
-                stack.append(child)
-                on_stack.add(child)
-                work.append((child, iter(sorted(graph.get(child, ())))))
-            elif child in on_stack:
-                low[node] = min(low[node], index[child])
-    return found
 
 
 def unexplained_lazy_imports(path: Path, source: str | None = None) -> list[str]:
@@ -105,15 +42,6 @@ def long_functions(path: Path) -> list[str]:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     ]
-
-
-def _shown(component: list[Path]) -> str:
-    return " <-> ".join(module_name(p) for p in component)
-
-
-def test_no_import_cycle_between_modules():
-    found = cycles(import_graph(modules()))
-    assert not found, "import cycles:\n" + "\n".join(_shown(c) for c in found)
 
 
 def test_imports_inside_functions_say_why():
@@ -145,23 +73,6 @@ def _package(tmp_path: Path, files: dict[str, str], monkeypatch) -> Path:
         (root / name).write_text(text)
     monkeypatch.setattr("test_layering.PACKAGE", root)
     return root
-
-
-def test_a_cycle_through_a_function_import_is_found(tmp_path, monkeypatch):
-    root = _package(
-        tmp_path,
-        {
-            "a.py": "from specserve.b import x\n",
-            "b.py": "def f():\n    from specserve import a  # lazy: hides the cycle\n",
-            "c.py": "from specserve.a import y\n",
-            "pkg/__init__.py": "from specserve.pkg.d import z\n",
-            "pkg/d.py": "from specserve.pkg import e\n",
-            "pkg/e.py": "",
-        },
-        monkeypatch,
-    )
-    paths = sorted(root.rglob("*.py"))
-    assert cycles(import_graph(paths)) == [[root / "a.py", root / "b.py"]]
 
 
 def test_an_import_inside_a_function_needs_a_reason(tmp_path, monkeypatch):

@@ -48,9 +48,19 @@ end
 return out
 """
 
+# the end of a push: keep the newest ARGV[1] members, expire the set ARGV[2] ms after the push
+_TRIM_AND_EXPIRE = """
+local cap = tonumber(ARGV[1])
+local n = redis.call('ZCARD', KEYS[1])
+if n > cap then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - cap - 1) end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return score
+"""
+
 # score = max(server clock in ms, highest score + 1): strictly increasing per pool, so a pull
 # that saw score s has seen every member of every push up to s.
-_POOL_PUSH = """
+_POOL_PUSH = (
+    """
 local t = redis.call('TIME')
 local score = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
@@ -63,15 +73,13 @@ for i = 3, #ARGV, 500 do
   end
   redis.call('ZADD', KEYS[1], unpack(args))
 end
-local cap = tonumber(ARGV[1])
-local n = redis.call('ZCARD', KEYS[1])
-if n > cap then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - cap - 1) end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return score
 """
+    + _TRIM_AND_EXPIRE
+)
 
 # KEYS: the sample set, then the guard maps; ARGV: cap, retention ms, member, the guard fields
-_SAMPLE_PUSH = """
+_SAMPLE_PUSH = (
+    """
 for i = 2, #KEYS do
   if redis.call('HEXISTS', KEYS[i], ARGV[i + 2]) == 0 then return false end
 end
@@ -82,12 +90,9 @@ local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 if top[2] and tonumber(top[2]) >= score then score = tonumber(top[2]) + 1 end
 redis.call('ZADD', KEYS[1], score, ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - tonumber(ARGV[2])))
-local cap = tonumber(ARGV[1])
-local n = redis.call('ZCARD', KEYS[1])
-if n > cap then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - cap - 1) end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return score
 """
+    + _TRIM_AND_EXPIRE
+)
 
 _SAMPLE_PULL = """
 local t = redis.call('TIME')
