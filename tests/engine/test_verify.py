@@ -12,7 +12,7 @@ import torch
 from scipy import stats
 
 from specserve.engine.tree import DraftTree
-from specserve.engine.verify import greedy_accept, sample_accept
+from specserve.engine.verify import greedy_accept, greedy_tokens, sample_accept
 
 # ---------------------------------------------------------------------------- greedy
 
@@ -358,3 +358,15 @@ def test_sample_accept_matches_reference_rrs(seed):
     if exp[-1] == 0:
         obs, exp = obs[:-1], exp[:-1]
     assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3
+
+
+def test_greedy_tokens_is_argmax_with_first_index_on_ties():
+    # worked example: row 0 ties at 1 and 3 (first: 1); row 1's maximum is last
+    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0], [0.5, -1.0, 0.0, 3.0]])
+    assert greedy_tokens(logits) == [1, 3]
+    # slow reference: argmax, on tie-heavy rows (few distinct values) and on row views
+    generator = torch.Generator().manual_seed(0)
+    for width in (5, 49152):
+        rows = torch.randint(0, 3, (12, width), generator=generator).float()
+        assert greedy_tokens(rows) == rows.argmax(dim=-1).tolist()
+        assert greedy_tokens(rows[3:7]) == rows[3:7].argmax(dim=-1).tolist()

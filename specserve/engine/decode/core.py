@@ -34,7 +34,7 @@ from specserve.engine.sampling import SamplingParams, target_probs
 from specserve.engine.seeded import seeded_accept
 from specserve.engine.textstream import TextStream
 from specserve.engine.tree import Draft, cap_depth, cap_draft, draft_width
-from specserve.engine.verify import greedy_accept, sample_accept
+from specserve.engine.verify import greedy_accept, greedy_tokens, sample_accept
 
 
 class Decoder:
@@ -200,7 +200,7 @@ class Decoder:
         params, tree = state.params, draft.tree
         rows = Decoder.row_logits(state, draft, out)  # [n + 1, vocab]
         if params.greedy:
-            accepted, bonus = greedy_accept(tree, rows.argmax(dim=-1).tolist())
+            accepted, bonus = greedy_accept(tree, greedy_tokens(rows))
             log_rows = None if params.logprobs is None else logprob_rows(rows, params)
         else:
             probs = target_probs(rows, params).cpu()

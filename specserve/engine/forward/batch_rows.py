@@ -21,6 +21,7 @@ from specserve.engine.forward.inputs import (
 from specserve.engine.forward.single import ForwardOutput
 from specserve.engine.lora.batch import lora_rows
 from specserve.engine.tree import Draft, draft_width
+from specserve.engine.verify import greedy_tokens
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ def _row_output(logits, at, logit_rows, row: BatchRow, features, layers, b) -> F
     """Row b's view, shaped as `verify_forward` returns it for that request alone."""
     picked = logits[[at[r] for r in logit_rows]]  # [r, vocab]
     n = len(row.draft.tree)
-    aux_tokens = picked[n + 1 :].argmax(dim=-1).tolist() if row.draft.aux else []
+    aux_tokens = greedy_tokens(picked[n + 1 :]) if row.draft.aux else []
     row_features = None
     if row.feature_layers:
         cols = [layers.index(layer) for layer in row.feature_layers]

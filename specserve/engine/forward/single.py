@@ -17,6 +17,7 @@ from specserve.engine.forward import compiled
 from specserve.engine.forward.inputs import attention_masks, build_inputs, invariant_kwargs
 from specserve.engine.lora.batch import lora_rows
 from specserve.engine.tree import Draft
+from specserve.engine.verify import greedy_tokens
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def verify_forward(
         )
     logits = out.logits[0]  # [r, vocab]
     n = len(draft.tree)
-    aux_tokens = logits[n + 1 :].argmax(dim=-1).tolist() if draft.aux else []
+    aux_tokens = greedy_tokens(logits[n + 1 :]) if draft.aux else []
     features = None
     if feature_layers:
         rows = len(pending) + n
