@@ -273,16 +273,9 @@ class Decoder:
         while not state.done:
             yield self.step(state)
 
-    def generate(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams | None = None,
-        strategy: str = "ar",
-        config: BaseModel | dict | None = None,
-        pool: NGramPool | None = None,
-        adapter: str | None = None,
-    ) -> GenerationResult:
-        state = self.start(prompt_ids, params, strategy, config, pool, adapter)
+    def generate(self, *args, **kwargs) -> GenerationResult:
+        """One request to its end: `start`'s arguments, then every step."""
+        state = self.start(*args, **kwargs)
         for _ in self.stream(state):
             pass
         return self.result(state)
