@@ -12,6 +12,7 @@ import yaml
 from scripts.k8s_validate import check, exposure, kuberay, schemas
 from scripts.k8s_validate.render import ROOT, overlays, ray_containers, render, the
 from specserve.deploy import k8s_render
+from specserve.env import DEPLOYMENT_VARIABLES, EnvVar
 
 
 def test_overlays_are_dev_and_prod():
@@ -422,3 +423,26 @@ def test_workers_drain_before_ray_stops_within_their_grace_period(rendered):
 def test_drain_check_catches(rendered, change, message):
     found = kuberay.drain_problems(_mutated(rendered["prod"], "RayService", "specserve", change))
     assert any(message in p for p in found), found
+
+
+# variables the manifests set only to build another one ($(VAR) in a URL): not read by specserve
+COMPOSING_ONLY = {"SPECSERVE_REDIS_PASSWORD", "SPECSERVE_POOL_REDIS_PASSWORD"}
+
+
+def _container_env(objs: list[dict], container: dict) -> set[str]:
+    """The names a container's environment gets: its `env` and the ConfigMaps of `envFrom`."""
+    names = {item["name"] for item in container.get("env", [])}
+    for source in container.get("envFrom", []):
+        if "configMapRef" in source:
+            names |= set(the(objs, "ConfigMap", source["configMapRef"]["name"])["data"])
+    return names
+
+
+def test_manifests_name_only_the_variables_specserve_reads(rendered):
+    for name, objs in rendered.items():
+        for group, container in ray_containers(_rayservice(objs)).items():
+            env = _container_env(objs, container)
+            ours = {n for n in env if n.startswith("SPECSERVE_") or n == EnvVar.REDIS_URL}
+            unknown = ours - set(EnvVar) - COMPOSING_ONLY
+            assert not unknown, f"{name}/{group}: variables specserve does not read: {unknown}"
+            assert set(DEPLOYMENT_VARIABLES) <= env, f"{name}/{group}"
