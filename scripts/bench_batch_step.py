@@ -4,6 +4,7 @@ machine's drift hits both. Prints the median step time of each and their ratio.
 
     python scripts/bench_batch_step.py --strategy ar --rows 16
     python scripts/bench_batch_step.py --strategy lookahead --rows 16
+    python scripts/bench_batch_step.py --rows 16 --profile   # then torch.profiler's top ops
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--steps", type=int, default=30, help="decode steps in all (alternated)")
     ap.add_argument("--data", type=Path, default=Path("../shared/bench/specbench_dev.jsonl"))
+    ap.add_argument(
+        "--profile", action="store_true", help="then profile 5 row-attention steps (top ops)"
+    )
     args = ap.parse_args()
 
     loaded = load_model(args.model)
@@ -69,6 +73,20 @@ def main() -> None:
         f"{args.strategy}, {len(texts)} rows (context {min(lengths)}-{max(lengths)} tokens): "
         f"median step sdpa {sdpa:.0f} ms, row attention {rows_ms:.0f} ms, ratio {sdpa / rows_ms:.2f}"
     )
+    if args.profile:
+        base.set_attn_implementation(hf_internals.ROW_ATTENTION)  # the serving attention
+        _profile(scheduler)
+
+
+def _profile(scheduler: Scheduler, steps: int = 5) -> None:
+    """torch.profiler over `steps` decode steps of the serving attention: the ops by self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            scheduler._decode()
+    print(f"{steps} steps:")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
 if __name__ == "__main__":

@@ -4,12 +4,19 @@ its device-sized tree config and one draft level's measured cost."""
 
 from __future__ import annotations
 
-from specserve.engine.drafters.artifact import base_weights_sha256, load_drafter
+from typing import NamedTuple
+
+from specserve.engine.drafters.artifact import Drafter, base_weights_sha256, load_drafter
 from specserve.engine.drafters.budget import drafter_config
 from specserve.platform.requests import Target
 
-# a loaded drafter, its tree config (None: default trees), one draft level's cost (forwards)
-LoadedDrafter = tuple[object, dict | None, float]
+
+class LoadedDrafter(NamedTuple):
+    """A drafter checked against this replica's model, as the strategy choice uses it."""
+
+    drafter: Drafter
+    config: dict | None  # its device-sized tree config (None: default trees)
+    level_cost: float  # one draft level's cost, in target forwards
 
 
 class DrafterCache:
@@ -39,9 +46,9 @@ class DrafterCache:
             config, level_cost = None, 0.0
             if self.curve is not None:
                 config, level_cost = drafter_config(drafter, self.curve)
-            self._loaded[cache_key] = (drafter, config, level_cost)
+            self._loaded[cache_key] = LoadedDrafter(drafter, config, level_cost)
         return self._loaded[cache_key]
 
     def level_cost(self, drafter) -> float:
         """One draft level's cost of a drafter loaded here (0 for any other, or None)."""
-        return next((c for d, _, c in self._loaded.values() if d is drafter), 0.0)
+        return next((d.level_cost for d in self._loaded.values() if d.drafter is drafter), 0.0)

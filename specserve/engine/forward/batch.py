@@ -12,7 +12,6 @@ from collections.abc import Callable
 
 import torch
 
-from specserve.engine import hf_internals
 from specserve.engine.forward import compiled_batch
 from specserve.engine.forward.batch_cache import BatchKV
 from specserve.engine.forward.batch_rows import BatchRow, batch_width, padded_q, run_rows
@@ -37,6 +36,5 @@ def verify_batch_forward(
         raise ValueError(f"{len(rows)} inputs for a batch cache of {kv.rows} rows")
     q = batch_width(rows, padded_q(rows, pad_width))
     features = any(row.feature_layers for row in rows)
-    use_compiled = compiled and not hf_internals.is_invariant(model)
-    fast = compiled_batch.runner(model, kv, features) if use_compiled else None
+    fast = compiled_batch.runner(model, kv, features) if compiled else None
     return run_rows(model, kv, rows, q, fast)

@@ -86,9 +86,12 @@ def attach_batch(model, settings: BatchCompileSettings) -> CompiledBatch:
 
 def runner(model, kv, feature_layers: bool) -> CompiledBatch | None:
     """The warm compiled batched forward for this call, or None (eager): not attached or not warm
-    yet, a cache with sliding-window groups, or hidden features asked (they graph-break)."""
+    yet, the position-invariant forward (its attention runs eager), a cache with sliding-window
+    groups, or hidden features asked (they graph-break)."""
     compiled = _ATTACHED.get(model)
     if compiled is None or not compiled.serves or feature_layers or len(kv.groups) != 1:
+        return None
+    if hf_internals.is_invariant(model):
         return None
     return compiled if compiled.enabled else None
 
@@ -269,7 +272,7 @@ def _step(model, kv, rows: int, q: int, compiled: bool) -> torch.Tensor:
     adapter = BASE_ADAPTER if takes_adapters(model) else None
     past = kv.lengths()
     batch = [BatchRow(past[b], [3 + b], draft, adapter) for b in range(rows)]
-    fast = runner(model, kv, False) if compiled and not hf_internals.is_invariant(model) else None
+    fast = runner(model, kv, False) if compiled else None
     out = run_rows(model, kv, batch, q, fast)  # every row padded to q query rows
     for b in range(rows):
         kv.keep(b, [])

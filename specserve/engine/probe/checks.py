@@ -133,9 +133,8 @@ def drafters(p: Probe) -> None:
             raise CheckFailed(
                 CheckFailure(check=f"{spec.kind} drafter", detail=f"{type(e).__name__}: {e}")
             ) from e
-    p.engine = Decoder(
-        p.model, IdTokenizer(), frozenset(), drafters=found
-    )  # admitted: the probe decides
+    # a Decoder, not an Engine: the probe itself decides whether the family is admitted
+    p.engine = Decoder(p.model, IdTokenizer(), frozenset(), drafters=found)
 
 
 def random_drafter(model, spec, seed: int) -> Drafter:

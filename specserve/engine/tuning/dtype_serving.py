@@ -185,18 +185,19 @@ class _Loop:
 
     def drive(self, steps: int, deadline: float) -> int:
         """Step until `steps` decode steps ran or `deadline` passed; the decode steps run."""
-        totals = self.scheduler.totals
-        before = totals["decode_steps"]
-        while totals["decode_steps"] - before < steps and time.perf_counter() < deadline:
+        before = self.scheduler.stats().decode_steps
+        ran = 0
+        while ran < steps and time.perf_counter() < deadline:
             if not self.scheduler.step():
                 break
-        return totals["decode_steps"] - before
+            ran = self.scheduler.stats().decode_steps - before
+        return ran
 
     def window(self, steps: int, seconds: float) -> ServingFigures:
         device = self.scheduler.engine.model.device
         sync_device(device)
         start, self.tokens[0] = time.perf_counter(), 0
-        prefilled = self.scheduler.totals["prefill_tokens"]
+        prefilled = self.scheduler.stats().prefill_tokens
         ran = self.drive(steps, start + seconds)
         sync_device(device)
         took = time.perf_counter() - start
@@ -205,7 +206,7 @@ class _Loop:
             tok_s=round(self.tokens[0] / took, 2),
             alone_tok_s=0.0,
             steps=ran,
-            prefill_tokens=self.scheduler.totals["prefill_tokens"] - prefilled,
+            prefill_tokens=self.scheduler.stats().prefill_tokens - prefilled,
             seconds=round(took, 3),
         )
 

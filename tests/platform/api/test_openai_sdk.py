@@ -53,10 +53,11 @@ def _chat(sdk, **kw):
 
 def test_n_choices_equal_single_requests_with_derived_seeds_and_share_one_prefill(served):
     sdk, service = served
-    before = dict(service.scheduler.totals)
+    before = service.scheduler.stats()
     reply = _chat(sdk, n=3, temperature=0.9, seed=7)
-    prefilled = service.scheduler.totals["prefill_tokens"] - before["prefill_tokens"]
-    shared = service.scheduler.totals["shared_prefill_tokens"] - before["shared_prefill_tokens"]
+    after = service.scheduler.stats()
+    prefilled = after.prefill_tokens - before.prefill_tokens
+    shared = after.shared_prefill_tokens - before.shared_prefill_tokens
     assert [c.index for c in reply.choices] == [0, 1, 2]
     prompt_tokens = reply.usage.prompt_tokens
     assert prefilled == prompt_tokens - 1 + 3 and shared == 2 * (prompt_tokens - 1)  # once
