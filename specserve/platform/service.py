@@ -215,6 +215,19 @@ class ModelService:
         on the engine thread: (states, decision, hold) as `_prepare` returns them."""
         if not self.scheduler.heartbeat().started:
             self.start()  # never a second loop: a dead one refuses (EngineDead -> Overloaded)
+        tenant = _tenant(request)
+        try:  # a place held from here, so an overloaded replica refuses before preparing
+            self.scheduler.claim(tenant)
+        except (QueueFull, EngineDead) as err:
+            raise Overloaded(f"{self.loaded.model_id}: {err}") from None
+        try:
+            return await self._prepared(request)
+        except BaseException:
+            self.scheduler.unclaim(tenant)
+            raise
+
+    async def _prepared(self, request: GenerateRequest):
+        """The adapter made resident, then `_prepare` run on the engine thread."""
         # a cold adapter is read and converted on a worker thread while the loop keeps stepping;
         # the hand-over to the store happens on the engine thread, between steps
         adapter = None
@@ -232,12 +245,13 @@ class ModelService:
 
     def _submit(self, request: GenerateRequest, states: list[RequestState], sinks: list):
         """Queue the request's choices (one prefill for all); Overloaded when the queue is full."""
-        load_aware = request.load_aware
-        tenant = str(request.target.key or "")
-        try:
+        load_aware, tenant = request.load_aware, _tenant(request)
+        try:  # uses up the claim `_started` took
             if len(states) == 1:
-                return [self.scheduler.submit(states[0], tenant, load_aware, sinks[0])]
-            return self.scheduler.submit_group(states, tenant, load_aware, sinks)
+                return [
+                    self.scheduler.submit(states[0], tenant, load_aware, sinks[0], claimed=True)
+                ]
+            return self.scheduler.submit_group(states, tenant, load_aware, sinks, claimed=True)
         except (QueueFull, EngineDead) as err:
             raise Overloaded(f"{self.loaded.model_id}: {err}") from None
 
@@ -294,3 +308,8 @@ class ModelService:
         invariant = self.engine.invariance.invariant
         done = done_event(request, state, result, decision, costed, invariant)
         return done.model_copy(update={"index": index})
+
+
+def _tenant(request: GenerateRequest) -> str:
+    """The scheduler's fairness key: the variant (empty for the base model)."""
+    return str(request.target.key or "")

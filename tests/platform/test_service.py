@@ -310,7 +310,7 @@ def test_concurrent_variants_share_one_batch_and_each_equals_its_merged_model(
 
 
 def test_overload_is_refused_fast_and_admitted_requests_complete(tiny_llama, adapter_root):
-    """With room for one request decoding and one waiting, a burst of 8 gets 6 or 7 Overloaded
+    """With room for one request decoding and one waiting, a burst of 8 gets 6 Overloaded
     answers, each within 100 ms; the admitted ones finish."""
     base = copy.deepcopy(tiny_llama(1, init_range=0.1))
     loaded = LoadedModel(base, WordTokenizer(), "tiny", None, None, frozenset())
@@ -339,11 +339,50 @@ def test_overload_is_refused_fast_and_admitted_requests_complete(tiny_llama, ada
         results = asyncio.run(burst())
     finally:
         service.stop()
-    admitted = sum(r[0] == "ok" for r in results)  # 2, or 1 if all arrive before the first
-    assert admitted in (1, 2) and sum(r[0] == "overloaded" for r in results) == 8 - admitted
+    admitted = sum(r[0] == "ok" for r in results)  # claims: the free row and the queue place
+    assert admitted == 2 and sum(r[0] == "overloaded" for r in results) == 6
     assert all(r[1] == 40 for r in results if r[0] == "ok")
     assert max(r[2] for r in results) < 0.1
     assert service.ongoing == 0 and service.scheduler.active() == 0
+
+
+def test_a_full_replica_refuses_without_waiting_for_the_engine_thread(tiny_llama, adapter_root):
+    """Places are claimed before a request is prepared on the engine thread: with the queue
+    full and the thread busy for a second (a long step), a new request is refused at once."""
+    base = copy.deepcopy(tiny_llama(1, init_range=0.1))
+    loaded = LoadedModel(base, WordTokenizer(), "tiny", None, None, frozenset())
+    adapters = ResidentAdapters(base, ["tiny-llama"], AdapterLimits(root=adapter_root))
+    service = ModelService(
+        loaded,
+        adapters,
+        PoolBook(),
+        PolicySettings(),
+        clock=lambda: 1e6,
+        batch=BatchSettings(max_batch=1, max_queue=1, max_queue_per_tenant=1),
+    )
+
+    async def scenario():
+        admitted = [service.generate(_request(strategy="ar", max_new=5)) for _ in range(2)]
+        firsts = [asyncio.ensure_future(agen.__anext__()) for agen in admitted]
+        await asyncio.sleep(0)  # both claimed their places (one row, one queue place)
+        busy = service.scheduler.call(lambda: time.sleep(1.0))
+        start = time.perf_counter()
+        with pytest.raises(Overloaded):
+            await anext(service.generate(_request(strategy="ar", max_new=5)))
+        refused_s = time.perf_counter() - start
+        for first, agen in zip(firsts, admitted, strict=True):
+            await first
+            rest = [e async for e in agen]
+            assert rest[-1].usage.completion_tokens == 5
+        await asyncio.wrap_future(busy)
+        return refused_s
+
+    try:
+        refused_s = asyncio.run(scenario())
+    finally:
+        service.stop()
+    assert refused_s < 0.1
+    assert service.ongoing == 0 and not service.scheduler.claims
 
 
 def test_twenty_streams_cut_early_leave_the_batch_within_a_step(service):

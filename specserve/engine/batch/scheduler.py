@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 
 from specserve.engine import hf_internals
@@ -50,6 +50,7 @@ class Scheduler(Admission, DecodeRows, EngineLoop):
         self.prefilling: deque[Ticket] = deque()
         self.slots: list[Ticket | None] = []  # slots[i] holds batch row i (None: a free row)
         self.reserved = 0
+        self.claims: Counter[str] = Counter()  # places held for requests being prepared
         self.steps = 0
         self.totals = {  # since start: where the loop's time went (replica figures)
             "decode_steps": 0,

@@ -130,6 +130,35 @@ def test_queue_bounds_refuse_at_once(engine):
         )
 
 
+def test_claims_hold_places_for_requests_being_prepared(engine):
+    """A claim is a place taken before the request exists: free batch rows first, then the
+    queue; claims count as waiting for everyone; submit(claimed=True) uses the claim up (no
+    second check), unclaim gives it back, a failed claimed submit still uses it up."""
+    settings = BatchSettings(max_batch=1, max_queue=2, max_queue_per_tenant=2)
+    scheduler = Scheduler(engine, settings)
+    log: list = []
+    for _ in range(3):  # one free row + two queue places
+        scheduler.claim("a")
+    with pytest.raises(QueueFull, match="queue full: 2"):
+        scheduler.claim("b")
+    with pytest.raises(QueueFull):  # a plain submit sees the claims too
+        scheduler.submit(_start(engine), "b", True, _sink(log, "b0"))
+    scheduler.unclaim("a")
+    scheduler.submit(_start(engine), "a", True, _sink(log, "a0"), claimed=True)
+    scheduler.submit(_start(engine), "a", True, _sink(log, "a1"), claimed=True)
+    assert dict(scheduler.claims) == {} and scheduler.stats().waiting == 2
+    scheduler.claim("c")  # the row is still free (the loop has not admitted anyone)
+    with pytest.raises(QueueFull):
+        scheduler.claim("d")
+    with pytest.raises(ValueError, match="KV positions"):
+        small = Scheduler(engine, BatchSettings(kv_tokens=50))
+        small.claim("a")
+        try:
+            small.submit(_start(engine, max_new=40), "a", True, _sink(log, "big"), claimed=True)
+        finally:
+            assert dict(small.claims) == {}
+
+
 def test_kv_budget_makes_requests_wait_and_memory_stays_bounded(engine):
     settings = BatchSettings(max_batch=8, kv_tokens=2 * (8 + 6 + 4), draft_reserve=4)
     scheduler = Scheduler(engine, settings)
