@@ -11,11 +11,14 @@ curve the number kept maximizes expected tokens per step over the step's cost.
 from __future__ import annotations
 
 import math
+import time
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.engine.match_stats import MatchStats, common_prefix
 from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy
+from specserve.engine.proposers.drafter_gate import DrafterGate, GateConfig
 from specserve.engine.proposers.eagle import EagleConfig, EagleProposer
 from specserve.engine.proposers.lookahead import LookaheadConfig, LookaheadProposer
 from specserve.engine.proposers.prompt_lookup import PromptLookupConfig, PromptLookupProposer
@@ -45,6 +48,7 @@ class HybridConfig(BaseModel):
     )
     eagle: EagleConfig = EagleConfig(depth=5, topk=4, total_tokens=1)
     use_drafter: bool = Field(True, description="draft with EAGLE when the variant has one")
+    gate: GateConfig = GateConfig()
 
 
 class _Trie:
@@ -126,6 +130,10 @@ class HybridProposer:
         self._chains: list[tuple[str, list[int]]] = []  # this step's n-gram chains
         self._owners: dict[tuple[int, ...], str] = {}  # kept path -> its source
         self._proposed_at = 0
+        self.gate = DrafterGate(config.gate)
+        self._features: list[torch.Tensor] = []  # committed rows' features not yet drafted from
+        self._drafter_s = 0.0  # the drafter's seconds in the last propose (0: it did not run)
+        self._step_end: float | None = None  # when the last propose returned
 
     def propose(self, tokens: list[int]) -> Draft:
         self._proposed_at = len(tokens)
@@ -134,10 +142,28 @@ class HybridProposer:
         for source, chain in self._chains:
             rates = self.stats.rates(source, len(chain))
             trie.add_chain(chain, [math.log(r) for r in rates], source)
-        if self.eagle is not None:
-            self._add_eagle(trie, tokens)
+        self._drafter_step(trie, tokens)
         aux = self.lookahead.propose(tokens).aux if self.config.window else None
-        return Draft(self._select(trie, len(aux.tokens) if aux else 0), aux)
+        draft = Draft(self._select(trie, len(aux.tokens) if aux else 0), aux)
+        self._step_end = time.perf_counter()
+        return draft
+
+    def _drafter_step(self, trie: _Trie, tokens: list[int]) -> None:
+        """EAGLE's nodes into the trie when the gate says they pay for their time; the step's
+        time since the last propose (verify, commit) is recorded first."""
+        if self.eagle is None:
+            return
+        start = time.perf_counter()
+        if self._step_end is not None:
+            self.gate.record_seconds(self._drafter_s, start - self._step_end)
+        self._drafter_s = 0.0
+        if not self.gate.run_now():
+            return
+        if self._features:  # catch the draft cache up on the steps it sat out
+            features, self._features = torch.cat(self._features), []
+            self.eagle.observe_features(features, tokens)
+        self._add_eagle(trie, tokens)
+        self._drafter_s = time.perf_counter() - start
 
     def _ngram_chains(self, tokens: list[int]) -> list[tuple[str, list[int]]]:
         found = self.prompt.matches(tokens, self.prompt.config.max_matches)
@@ -183,20 +209,28 @@ class HybridProposer:
     def observe(self, draft: Draft, aux_tokens: list[int], tokens: list[int]) -> None:
         committed = tokens[self._proposed_at :]  # accepted draft tokens, then the bonus (if room)
         verified = _paths(draft.tree)
+        ngram_reach = 0
         for source, chain in self._chains:
             depth = 0
             while depth < len(chain) and tuple(chain[: depth + 1]) in verified:
                 depth += 1
-            self.stats.record(source, depth, common_prefix(chain[:depth], committed))
+            matched = common_prefix(chain[:depth], committed)
+            self.stats.record(source, depth, matched)
+            ngram_reach = max(ngram_reach, matched)
+        accepted = 0
         for d in range(1, len(committed) + 1):  # the bonus is never a kept node: it stops there
             owner = self._owners.get(tuple(committed[:d]))
             if owner is None:
                 break
             self.accepted_by_source[owner] += 1
+            accepted = d
+        if self._drafter_s > 0:
+            self.gate.record_tokens(accepted, accepted - min(ngram_reach, accepted))
         self.lookahead.observe(draft, aux_tokens, tokens)  # no window: feeds the pool only
 
     def observe_features(self, features, tokens: list[int]) -> None:
-        self.eagle.observe_features(features, tokens)
+        """Kept until the next step that drafts with EAGLE (one draft-layer pass for them all)."""
+        self._features.append(features)
 
 
 def _paths(tree: DraftTree) -> set[tuple[int, ...]]:

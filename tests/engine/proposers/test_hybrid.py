@@ -93,8 +93,8 @@ def test_observe_learns_per_source_and_attributes():
 
 @pytest.mark.parametrize("budget", [1, 4, 10])
 def test_reduces_to_eagle_without_ngram_matches(drafting_engine, budget):
-    """With no n-gram source able to match, the merged tree is EAGLE-2's own: same trees, so
-    the same forwards and acceptance, step for step."""
+    """With no n-gram source able to match and the gate off, the merged tree is EAGLE-2's own:
+    same trees, so the same forwards and acceptance, step for step."""
     engine = drafting_engine()
     rng = random.Random(budget)
     prompt = rng.sample(range(96), 40)  # distinct tokens; prompt lookup needs 30-token repeats
@@ -106,6 +106,7 @@ def test_reduces_to_eagle_without_ngram_matches(drafting_engine, budget):
         "pool_guesses": 0,
         "prompt": {"min_ngram": 30, "max_ngram": 30},
         "eagle": {"depth": 3, "topk": 3},
+        "gate": {"enabled": False},  # EAGLE every step, as `eagle` runs it
     }
     eagle = engine.generate(prompt, params, "eagle", eagle_cfg)
     hybrid = engine.generate(prompt, params, "hybrid", hybrid_cfg)
@@ -135,3 +136,23 @@ def test_equals_ar_and_attribution_adds_up(drafting_engine, prompt_len, with_dra
         assert got.accepted_by_source["eagle"] == 0
     if prompt_len >= 30:
         assert got.tau > 1.1  # drafts are accepted: the equality is not that of empty drafts
+
+
+def test_the_gate_skips_a_drafter_that_adds_nothing_and_output_stays_ar(drafting_engine):
+    """A random drafter's tokens are rarely accepted, so after its warm-up the gate runs it only
+    every `explore`-th step; the draft cache catches up on the features it skipped (one pass),
+    and the output is still `ar`'s."""
+    engine = drafting_engine()
+    rng = random.Random(5)
+    segment = [rng.randrange(96) for _ in range(9)]
+    prompt = (segment * 4)[:30]
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    cfg = {"budget": 10, "gate": {"warmup": 2, "explore": 3}}
+    state = engine.start(prompt, params, "hybrid", cfg)
+    proposer = state.proposer
+    proposer.gate.record_tokens(0, 0)  # as if measured: it added nothing and cost as much
+    proposer.gate.record_seconds(1.0, 1.0)
+    for _ in engine.stream(state):
+        pass
+    assert state.output_ids == engine.generate(prompt, params).output_ids
+    assert proposer.gate.skipped >= 5 and proposer.eagle.committed > 0
