@@ -20,9 +20,9 @@ ATOL = 1e-5
 
 
 @torch.inference_mode()
-def _filled(model, tokens: list[int]) -> DynamicCache:
+def _filled(model, tokens: list[int], growing: bool = False) -> DynamicCache:
     """A fresh cache holding `tokens`, computed by a plain causal forward."""
-    cache = hf_internals.new_cache(model.config)
+    cache = hf_internals.new_cache(model.config, growing=growing)
     model(
         input_ids=torch.tensor([tokens]),
         **hf_internals.cache_kwargs(model, cache),
@@ -57,8 +57,9 @@ def test_dynamic_cache_layout(model):
     assert hf_internals.cache_length(cache) == 11
 
 
-def test_crop_negative_removes_from_the_end(model):
-    cache = _filled(model, list(range(11)))
+@pytest.mark.parametrize("growing", [False, True])
+def test_crop_negative_removes_from_the_end(model, growing):
+    cache = _filled(model, list(range(11)), growing)
     before = _kv(cache)
     cache.crop(-3)
     assert hf_internals.cache_length(cache) == 8
@@ -91,8 +92,9 @@ def test_cache_kwargs_picks_an_accepted_keyword(model):
     assert hf_internals.cache_length(cache) == 4
 
 
-def test_keep_rows_docstring_example(model):
-    cache = _filled(model, list(range(10)))
+@pytest.mark.parametrize("growing", [False, True])
+def test_keep_rows_docstring_example(model, growing):
+    cache = _filled(model, list(range(10)), growing)
     before = _kv(cache)
     hf_internals.keep_rows(cache, 6, [0, 2])
     assert hf_internals.cache_length(cache) == 8
@@ -102,10 +104,11 @@ def test_keep_rows_docstring_example(model):
         assert torch.equal(layer.values[:, :, 7], v0[:, :, 8])
 
 
+@pytest.mark.parametrize("growing", [False, True])
 @pytest.mark.parametrize("keep", [0, 1, 2, 4])
-def test_keep_rows_contiguous_equals_recompute(model, keep):
+def test_keep_rows_contiguous_equals_recompute(model, keep, growing):
     tokens = [5, 9, 2, 77, 3, 3, 40, 8, 1, 60]
-    cache = _filled(model, tokens)
+    cache = _filled(model, tokens, growing)
     hf_internals.keep_rows(cache, 6, list(range(keep)))
     _assert_same_cache(cache, _filled(model, tokens[: 6 + keep]))
 
@@ -120,6 +123,27 @@ def test_make_contiguous_gives_a_cropped_cache_its_own_storage(model):
     for layer in cache.layers:
         assert layer.keys.is_contiguous() and layer.values.is_contiguous()
     _assert_same_cache(cache, _filled(model, tokens[:7]))
+
+
+def test_a_growing_cache_appends_in_place_and_equals_the_concatenating_one(model):
+    """Decode steps write into the buffer's spare room (same storage, no copy of the entries
+    before) and a crop keeps the buffer; the entries are those DynamicCache's cat gives."""
+    tokens = [5, 9, 2, 77, 3, 3, 40, 8, 1, 60]
+    growing, plain = _filled(model, tokens[:6], True), _filled(model, tokens[:6])
+    storage = growing.layers[0].keys.untyped_storage().data_ptr()
+    with torch.inference_mode():
+        for t in tokens[6:]:
+            for cache in (growing, plain):
+                model(
+                    input_ids=torch.tensor([[t]]),
+                    **hf_internals.cache_kwargs(model, cache),
+                    use_cache=True,
+                )
+    assert growing.layers[0].keys.untyped_storage().data_ptr() == storage
+    _assert_same_cache(growing, plain)
+    hf_internals.keep_rows(growing, 7, [])
+    assert growing.layers[0].keys.untyped_storage().data_ptr() == storage
+    _assert_same_cache(growing, _filled(model, tokens[:7]))
 
 
 PREFIX = [7, 3, 19, 4, 50, 11, 3, 19]

@@ -114,7 +114,8 @@ class Decoder:
             prompt_len=len(prompt_ids),
             tokens=list(prompt_ids),
             pending=list(prompt_ids),
-            cache=hf_internals.new_cache(self.model.config),
+            # the invariant forward is eager: its cache appends in place
+            cache=hf_internals.new_cache(self.model.config, growing=self.invariance.invariant),
             generator=generator,
             seed=seed,
             text=TextStream(self.tokenizer, params.stop),

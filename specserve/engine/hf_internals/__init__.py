@@ -33,7 +33,6 @@ from specserve.engine.hf_internals.cache import (
     new_cache,
 )
 from specserve.engine.hf_internals.growing import (
-    GrowingLayer,
     append_row,
     gather_rows,
     move_columns,
@@ -44,6 +43,7 @@ from specserve.engine.hf_internals.growing import (
     set_write_index,
     write_row,
 )
+from specserve.engine.hf_internals.growing_layer import GrowingLayer
 from specserve.engine.hf_internals.invariant import (
     DEPTH,
     DraftTooDeep,

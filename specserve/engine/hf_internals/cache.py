@@ -14,15 +14,18 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
+from specserve.engine.hf_internals.growing_layer import GrowingLayer
 from specserve.engine.hf_internals.windows import WindowLayer, layer_windows
 
 
-def new_cache(config) -> DynamicCache:
+def new_cache(config, growing: bool = False) -> DynamicCache:
     """An empty cache for a model with this config; its sliding-window layers are `WindowLayer`s
-    (they can roll back a rejected draft and keep only what a later query can see)."""
+    (they can roll back a rejected draft and keep only what a later query can see). `growing`:
+    its full-attention layers append in place (`GrowingLayer`) instead of concatenating, which
+    copies every entry each forward; for eager forwards (a compiled one guards on the layout)."""
     cache = DynamicCache(config=config)
     cache.layers = [
-        WindowLayer(window) if window else layer
+        WindowLayer(window) if window else GrowingLayer() if growing else layer
         for layer, window in zip(cache.layers, layer_windows(config), strict=True)
     ]
     return cache

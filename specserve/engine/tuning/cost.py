@@ -61,7 +61,7 @@ def measure_cost_curve(
     """
     vocab = model.config.vocab_size
     prefix = [(7 * i + 3) % vocab for i in range(context)]
-    cache = hf_internals.new_cache(model.config)
+    cache = hf_internals.new_cache(model.config, growing=hf_internals.is_invariant(model))
     verify_forward(model, cache, 0, prefix[:-1], Draft())
     times: dict[int, list[float]] = {k: [] for k in sizes}
     for _ in range(repeats + 1):
