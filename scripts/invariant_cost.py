@@ -1,6 +1,6 @@
 """Cost of the position-invariant attention against the plain (row / sdpa) attention: one
-verify forward of k query rows (a chain draft) over a 300-token cache, paired and interleaved in
-one run, per width. Prints JSON. Usage: python scripts/invariant_cost.py [--dtype bfloat16]."""
+verify forward of k query rows (a chain draft) over a 300-token cache (each as the engine serves
+it), paired and interleaved in one run, per width. Prints JSON. Usage: python scripts/invariant_cost.py [--dtype bfloat16]."""
 
 from __future__ import annotations
 
@@ -51,7 +51,10 @@ def main() -> None:
     prompt = list(range(100, 100 + args.context))
     caches = {}
     for name, model in (("plain", plain), ("invariant", inv)):
-        caches[name] = hf_internals.new_cache(model.config)
+        # each cache as the engine builds it: the invariant forward's appends in place
+        caches[name] = hf_internals.new_cache(
+            model.config, growing=hf_internals.is_invariant(model)
+        )
         verify_forward(model, caches[name], 0, prompt, Draft())
     rows = {}
     for width in (1, 2, 4, 8, 16):

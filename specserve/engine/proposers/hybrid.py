@@ -18,10 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.engine.match_stats import MatchStats, common_prefix
 from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy
-from specserve.engine.proposers.drafter_gate import DrafterGate, GateConfig
 from specserve.engine.proposers.eagle import EagleConfig, EagleProposer
 from specserve.engine.proposers.lookahead import LookaheadConfig, LookaheadProposer
 from specserve.engine.proposers.prompt_lookup import PromptLookupConfig, PromptLookupProposer
+from specserve.engine.proposers.source_gate import GateConfig, SourceGate
 from specserve.engine.tree import Draft, DraftTree
 
 SOURCES = ("eagle", "prompt", "pool")  # how accepted tokens are attributed
@@ -48,7 +48,10 @@ class HybridConfig(BaseModel):
     )
     eagle: EagleConfig = EagleConfig(depth=5, topk=4, total_tokens=1)
     use_drafter: bool = Field(True, description="draft with EAGLE when the variant has one")
-    gate: GateConfig = GateConfig()
+    gate: GateConfig = Field(
+        GateConfig(),
+        description="EAGLE and the window's rows run only on steps they pay for (source_gate.py)",
+    )
 
 
 class _Trie:
@@ -130,7 +133,8 @@ class HybridProposer:
         self._chains: list[tuple[str, list[int]]] = []  # this step's n-gram chains
         self._owners: dict[tuple[int, ...], str] = {}  # kept path -> its source
         self._proposed_at = 0
-        self.gate = DrafterGate(config.gate)
+        self.gate = SourceGate(config.gate)  # the EAGLE drafter, priced in seconds
+        self.window_gate = SourceGate(config.gate)  # the window's rows, by the cost curve
         self._features: list[torch.Tensor] = []  # committed rows' features not yet drafted from
         self._drafter_s = 0.0  # the drafter's seconds in the last propose (0: it did not run)
         self._step_end: float | None = None  # when the last propose returned
@@ -143,7 +147,8 @@ class HybridProposer:
             rates = self.stats.rates(source, len(chain))
             trie.add_chain(chain, [math.log(r) for r in rates], source)
         self._drafter_step(trie, tokens)
-        aux = self.lookahead.propose(tokens).aux if self.config.window else None
+        window = self.config.window is not None and self.window_gate.run_now()
+        aux = self.lookahead.propose(tokens).aux if window else None
         draft = Draft(self._select(trie, len(aux.tokens) if aux else 0), aux)
         self._step_end = time.perf_counter()
         return draft
@@ -155,7 +160,7 @@ class HybridProposer:
             return
         start = time.perf_counter()
         if self._step_end is not None:
-            self.gate.record_seconds(self._drafter_s, start - self._step_end)
+            self.gate.record_cost(self._drafter_s, start - self._step_end)
         self._drafter_s = 0.0
         if not self.gate.run_now():
             return
@@ -217,16 +222,27 @@ class HybridProposer:
             matched = common_prefix(chain[:depth], committed)
             self.stats.record(source, depth, matched)
             ngram_reach = max(ngram_reach, matched)
-        accepted = 0
+        accepted, from_pool = 0, 0
         for d in range(1, len(committed) + 1):  # the bonus is never a kept node: it stops there
             owner = self._owners.get(tuple(committed[:d]))
             if owner is None:
                 break
             self.accepted_by_source[owner] += 1
-            accepted = d
+            accepted, from_pool = d, from_pool + (owner == "pool")
         if self._drafter_s > 0:
             self.gate.record_tokens(accepted, accepted - min(ngram_reach, accepted))
+        if draft.aux is not None and self.config.relative_cost:
+            self._price_window(draft, accepted, from_pool)
         self.lookahead.observe(draft, aux_tokens, tokens)  # no window: feeds the pool only
+
+    def _price_window(self, draft: Draft, accepted: int, from_pool: int) -> None:
+        """The window's rows priced by the cost curve against the accepted tokens of the pool's
+        nodes (which the window feeds) this step."""
+        rows = 1 + len(draft.tree)
+        without = _relative(self.config.relative_cost, rows)
+        cost = _relative(self.config.relative_cost, rows + len(draft.aux.tokens)) - without
+        self.window_gate.record_tokens(accepted, from_pool)
+        self.window_gate.record_cost(cost, without)
 
     def observe_features(self, features, tokens: list[int]) -> None:
         """Kept until the next step that drafts with EAGLE (one draft-layer pass for them all)."""

@@ -151,8 +151,30 @@ def test_the_gate_skips_a_drafter_that_adds_nothing_and_output_stays_ar(drafting
     state = engine.start(prompt, params, "hybrid", cfg)
     proposer = state.proposer
     proposer.gate.record_tokens(0, 0)  # as if measured: it added nothing and cost as much
-    proposer.gate.record_seconds(1.0, 1.0)
+    proposer.gate.record_cost(1.0, 1.0)
     for _ in engine.stream(state):
         pass
     assert state.output_ids == engine.generate(prompt, params).output_ids
     assert proposer.gate.skipped >= 5 and proposer.eagle.committed > 0
+
+
+def test_the_window_gate_drops_rows_the_pool_does_not_repay(drafting_engine):
+    """On a linear cost curve every window row costs a full forward; when the pool's nodes add
+    little, the window runs only on exploring steps, and the output is still `ar`'s."""
+    engine = drafting_engine()
+    prompt = random.Random(7).sample(range(96), 40)  # distinct tokens: little to look up
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    linear = {w: float(w) for w in (1, 2, 4, 8, 16, 32)}
+    cfg = {
+        "budget": 4,
+        "use_drafter": False,
+        "relative_cost": linear,
+        "window": {"window": 2, "ngram": 3, "guesses": 0},
+        "gate": {"warmup": 1, "explore": 4},
+    }
+    state = engine.start(prompt, params, "hybrid", cfg)
+    for _ in engine.stream(state):
+        pass
+    assert state.output_ids == engine.generate(prompt, params).output_ids
+    gate = state.proposer.window_gate
+    assert gate.skipped >= gate.steps // 2
