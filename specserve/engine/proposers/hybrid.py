@@ -137,6 +137,7 @@ class HybridProposer:
         self.window_gate = SourceGate(config.gate)  # the window's rows, by the cost curve
         self._features: list[torch.Tensor] = []  # committed rows' features not yet drafted from
         self._drafter_s = 0.0  # the drafter's seconds in the last propose (0: it did not run)
+        self._eagle_rows_share = 0.0  # the share of the last verify's cost EAGLE's rows made
         self._step_end: float | None = None  # when the last propose returned
 
     def propose(self, tokens: list[int]) -> Draft:
@@ -159,8 +160,12 @@ class HybridProposer:
         if self.eagle is None:
             return
         start = time.perf_counter()
-        if self._step_end is not None:
-            self.gate.record_cost(self._drafter_s, start - self._step_end)
+        if self._step_end is not None:  # EAGLE's levels, plus the verify rows its nodes added
+            rest = start - self._step_end
+            self.gate.record_cost(
+                self._drafter_s + self._eagle_rows_share * rest,
+                (1 - self._eagle_rows_share) * rest,
+            )
         self._drafter_s = 0.0
         if not self.gate.run_now():
             return
@@ -231,9 +236,20 @@ class HybridProposer:
             accepted, from_pool = d, from_pool + (owner == "pool")
         if self._drafter_s > 0:
             self.gate.record_tokens(accepted, accepted - min(ngram_reach, accepted))
+        self._eagle_rows_share = self._rows_share(draft, "eagle")
         if draft.aux is not None and self.config.relative_cost:
             self._price_window(draft, accepted, from_pool)
         self.lookahead.observe(draft, aux_tokens, tokens)  # no window: feeds the pool only
+
+    def _rows_share(self, draft: Draft, owner: str) -> float:
+        """The share of this verify's cost (on the cost curve) that `owner`'s kept nodes added;
+        0 without a curve. Example: 8 rows of which 4 EAGLE's, costs {4: 1.0, 8: 1.25} -> 0.2."""
+        if not self.config.relative_cost:
+            return 0.0
+        rows = 1 + len(draft.tree) + (len(draft.aux.tokens) if draft.aux else 0)
+        own = sum(1 for o in self._owners.values() if o == owner)
+        full = _relative(self.config.relative_cost, rows)
+        return 1 - _relative(self.config.relative_cost, rows - own) / full
 
     def _price_window(self, draft: Draft, accepted: int, from_pool: int) -> None:
         """The window's rows priced by the cost curve against the accepted tokens of the pool's

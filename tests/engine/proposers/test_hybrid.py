@@ -18,7 +18,7 @@ from specserve.engine.proposers.hybrid import (
     limit,
 )
 from specserve.engine.sampling import SamplingParams
-from specserve.engine.tree import DraftTree
+from specserve.engine.tree import Draft, DraftTree
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -178,3 +178,14 @@ def test_the_window_gate_drops_rows_the_pool_does_not_repay(drafting_engine):
     assert state.output_ids == engine.generate(prompt, params).output_ids
     gate = state.proposer.window_gate
     assert gate.skipped >= gate.steps // 2
+
+
+def test_rows_share_worked_example():
+    """EAGLE's gate prices the verify rows its nodes add: 8 rows (root + 7 nodes), 4 of them
+    EAGLE's, on costs {4: 1.0, 8: 1.25} -> 1 - 1.0 / 1.25 = 0.2; without a curve, 0."""
+    proposer = _proposer([1, 2, 3], relative_cost={4: 1.0, 8: 1.25})
+    tree = DraftTree(tuple(range(10, 17)), (-1, 0, 1, 2, -1, 4, 5))
+    paths = sorted(_paths(tree), key=len)
+    proposer._owners = {p: ("eagle" if i < 4 else "prompt") for i, p in enumerate(paths)}
+    assert proposer._rows_share(Draft(tree), "eagle") == pytest.approx(0.2)
+    assert _proposer([1, 2, 3])._rows_share(Draft(tree), "eagle") == 0.0
