@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,12 +38,20 @@ class MethodTotals:
     outputs: dict[int, list[int]] = field(default_factory=dict)  # question_id -> output ids
     by_task: dict[str, list[float]] = field(default_factory=dict)  # task -> [tokens, s, forwards]
     widths: list[int] = field(default_factory=list)  # tokens scored by each decode step (ours)
+    accepted_by_source: Counter = field(default_factory=Counter)  # hybrid: eagle/prompt/pool
 
     def add(
-        self, prompt: BenchPrompt, output: list[int], seconds: float, forwards: int, widths=()
+        self,
+        prompt: BenchPrompt,
+        output: list[int],
+        seconds: float,
+        forwards: int,
+        widths=(),
+        sources: dict[str, int] | None = None,
     ) -> None:
         self.outputs[prompt.question_id] = output
         self.widths += widths
+        self.accepted_by_source.update(sources or {})
         row = self.by_task.setdefault(prompt.task, [0, 0.0, 0])
         row[0] += len(output)
         row[1] += seconds
@@ -107,10 +116,12 @@ def run_method(
     engine: Engine, name: str, config: dict | None, ids, max_new_tokens, adapter=None, fp32=None
 ):
     """One greedy decode (with LoRA `adapter` if given); returns (output ids, seconds, forwards,
-    verify widths). `fp32`: the float32 copy of the model `hf_ar_fp32` runs on."""
+    verify widths, accepted draft tokens by source). `fp32`: the float32 copy of the model
+    `hf_ar_fp32` runs on."""
     sync_device(engine.model.device)
     start = time.perf_counter()
     widths: list[int] = []
+    sources: dict[str, int] = {}
     if name in BASELINES:
         model = fp32 if name == "hf_ar_fp32" else engine.model
         if model is None:
@@ -122,8 +133,9 @@ def run_method(
         params = SamplingParams(max_new_tokens=max_new_tokens)
         result = engine.generate(ids, params, name, config, adapter=adapter)
         output, forwards, widths = result.output_ids, result.forwards, result.widths
+        sources = result.accepted_by_source
     sync_device(engine.model.device)
-    return output, time.perf_counter() - start, forwards, widths
+    return output, time.perf_counter() - start, forwards, widths, sources
 
 
 def run_bench(
@@ -143,10 +155,10 @@ def run_bench(
     for i, prompt in enumerate(prompts, 1):
         line = []
         for name, config in methods.items():
-            output, seconds, forwards, widths = run_method(
+            output, seconds, forwards, widths, sources = run_method(
                 engine, name, config, prompt.ids, max_new_tokens, adapter, fp32
             )
-            totals[name].add(prompt, output, seconds, forwards, widths)
+            totals[name].add(prompt, output, seconds, forwards, widths, sources)
             line.append(f"{name} {len(output) / seconds:.1f} tok/s τ {len(output) / forwards:.2f}")
         log(f"[{i}/{len(prompts)}] {prompt.task}#{prompt.question_id}: " + " | ".join(line))
     return totals
@@ -185,6 +197,8 @@ def build_report(
         }
         if curve is not None and method.widths:
             results[name].update(_predicted(curve, method.widths, tau))
+        if method.accepted_by_source:
+            results[name]["accepted_by_source"] = dict(method.accepted_by_source)
     ar_predicted = results.get("ar", {}).get("predicted_speedup")
     for name, r in results.items():
         if "predicted_speedup" in r and ar_predicted:

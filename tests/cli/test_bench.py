@@ -36,7 +36,7 @@ def test_bench_report_contract(tmp_path, model_dir, main):
             "6",
             "--no-tune",
             "--strategies",
-            "ar,prompt_lookup,lookahead",
+            "ar,prompt_lookup,lookahead,hybrid",
             "--baselines",
             "hf_ar,hf_pld,hf_ar_fp32",
             "--out",
@@ -51,19 +51,25 @@ def test_bench_report_contract(tmp_path, model_dir, main):
     assert report["dtype"] == "torch.float32"
     assert report["prompts"] == 2 and report["max_new_tokens"] == 6
     assert set(report["results"]) == {
-        "ar", "prompt_lookup", "lookahead", "hf_ar", "hf_pld", "hf_ar_fp32"
+        "ar", "prompt_lookup", "lookahead", "hybrid", "hf_ar", "hf_pld", "hf_ar_fp32"
     }  # fmt: skip
     common = {"tok_s", "tau", "speedup_vs_hf_ar", "identical_to_ar", "by_task"}
     contract = {"divergences", "max_tie_gap", "all_ties"}
     ours = {"mean_padded_width", "predicted_speedup", "efficiency", "efficiency_vs_hf_ar"}
     for name, r in report["results"].items():
-        expected = common | (ours if name in ("ar", "prompt_lookup", "lookahead") else set())
+        expected = common | (
+            ours if name in ("ar", "prompt_lookup", "lookahead", "hybrid") else set()
+        )
         expected |= contract if name not in ("ar", "hf_ar_fp32") else set()
+        expected |= {"accepted_by_source"} if name == "hybrid" else set()
         assert set(r) == expected, name
         assert set(r["by_task"]) == {"alpha", "beta"}
         assert r["identical_to_ar"] is True, name
         if name in contract:
             assert r["divergences"] == [] and r["all_ties"] is True
+    hybrid = report["results"]["hybrid"]
+    assert set(hybrid["accepted_by_source"]) == {"eagle", "prompt", "pool"}
+    assert hybrid["accepted_by_source"]["eagle"] == 0  # no drafter given
     assert report["results"]["hf_ar"]["speedup_vs_hf_ar"] == 1.0
     assert report["results"]["ar"]["efficiency"] == 1.0
     assert report["tie_tolerance"]["tolerance"] < 1e-4  # fp32: rounding noise only
