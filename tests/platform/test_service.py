@@ -309,13 +309,12 @@ def test_concurrent_variants_share_one_batch_and_each_equals_its_merged_model(
     assert max(widths) >= 4 and service.ongoing == 0 and service.scheduler.active() == 0
 
 
-def test_overload_is_refused_fast_and_admitted_requests_complete(tiny_llama, adapter_root):
-    """With room for one request decoding and one waiting, a burst of 8 gets 6 Overloaded
-    answers, each within 100 ms; the admitted ones finish."""
+def _one_row_one_place(tiny_llama, adapter_root) -> ModelService:
+    """A service with room for one request decoding and one waiting."""
     base = copy.deepcopy(tiny_llama(1, init_range=0.1))
     loaded = LoadedModel(base, WordTokenizer(), "tiny", None, None, frozenset())
     adapters = ResidentAdapters(base, ["tiny-llama"], AdapterLimits(root=adapter_root))
-    service = ModelService(
+    return ModelService(
         loaded,
         adapters,
         PoolBook(),
@@ -323,6 +322,12 @@ def test_overload_is_refused_fast_and_admitted_requests_complete(tiny_llama, ada
         clock=lambda: 1e6,
         batch=BatchSettings(max_batch=1, max_queue=1, max_queue_per_tenant=1),
     )
+
+
+def test_overload_is_refused_fast_and_admitted_requests_complete(tiny_llama, adapter_root):
+    """With room for one request decoding and one waiting, a burst of 8 gets 6 Overloaded
+    answers, each within 100 ms; the admitted ones finish."""
+    service = _one_row_one_place(tiny_llama, adapter_root)
 
     async def burst():
         async def one():
@@ -349,17 +354,7 @@ def test_overload_is_refused_fast_and_admitted_requests_complete(tiny_llama, ada
 def test_a_full_replica_refuses_without_waiting_for_the_engine_thread(tiny_llama, adapter_root):
     """Places are claimed before a request is prepared on the engine thread: with the queue
     full and the thread busy for a second (a long step), a new request is refused at once."""
-    base = copy.deepcopy(tiny_llama(1, init_range=0.1))
-    loaded = LoadedModel(base, WordTokenizer(), "tiny", None, None, frozenset())
-    adapters = ResidentAdapters(base, ["tiny-llama"], AdapterLimits(root=adapter_root))
-    service = ModelService(
-        loaded,
-        adapters,
-        PoolBook(),
-        PolicySettings(),
-        clock=lambda: 1e6,
-        batch=BatchSettings(max_batch=1, max_queue=1, max_queue_per_tenant=1),
-    )
+    service = _one_row_one_place(tiny_llama, adapter_root)
 
     async def scenario():
         admitted = [service.generate(_request(strategy="ar", max_new=5)) for _ in range(2)]
