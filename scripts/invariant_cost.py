@@ -1,6 +1,7 @@
 """Cost of the position-invariant attention against the plain (row / sdpa) attention: one
 verify forward of k query rows (a chain draft) over a 300-token cache (each as the engine serves
-it), paired and interleaved in one run, per width. Prints JSON. Usage: python scripts/invariant_cost.py [--dtype bfloat16]."""
+it), paired and interleaved in one run, per width. Prints JSON.
+Usage: python scripts/invariant_cost.py [--dtype bfloat16]."""
 
 from __future__ import annotations
 

@@ -236,7 +236,8 @@ class HybridProposer:
             accepted, from_pool = d, from_pool + (owner == "pool")
         if self._drafter_s > 0:
             self.gate.record_tokens(accepted, accepted - min(ngram_reach, accepted))
-        self._eagle_rows_share = self._rows_share(draft, "eagle")
+        if self.eagle is not None:
+            self._eagle_rows_share = self._rows_share(draft, "eagle")
         if draft.aux is not None and self.config.relative_cost:
             self._price_window(draft, accepted, from_pool)
         self.lookahead.observe(draft, aux_tokens, tokens)  # no window: feeds the pool only
