@@ -19,7 +19,12 @@ from specserve.engine.batch.settings import BatchSettings
 from specserve.engine.decode.engine import Engine
 from specserve.engine.drafters.modules import EagleSpec, MedusaSpec
 from specserve.engine.forward import invariance
-from specserve.engine.hf_internals.invariant import CALL_COST, TAIL, flash_calls, split_point
+from specserve.engine.hf_internals.invariant_plan import (
+    CALL_COST,
+    TAIL,
+    flash_calls,
+    split_point,
+)
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -44,14 +44,9 @@ from specserve.engine.hf_internals.growing import (
     write_row,
 )
 from specserve.engine.hf_internals.growing_layer import GrowingLayer
-from specserve.engine.hf_internals.invariant import (
-    DEPTH,
-    DraftTooDeep,
-    InvariantLayout,
-    flash_attention,
-    invariant_attention,
-)
-from specserve.engine.hf_internals.invariant import layout as invariant_layout
+from specserve.engine.hf_internals.invariant import flash_attention, invariant_attention
+from specserve.engine.hf_internals.invariant_plan import DEPTH, DraftTooDeep, InvariantLayout
+from specserve.engine.hf_internals.invariant_plan import layout as invariant_layout
 from specserve.engine.hf_internals.windows import (
     WindowLayer,
     layer_masks,

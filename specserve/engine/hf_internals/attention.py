@@ -61,7 +61,7 @@ def _row_attention(
     through torch's sdpa with grouped-query heads (transformers would copy every key/value head
     group there), elsewhere through transformers' sdpa. Returns ([b, q, heads, d], None).
     `row_extents` may be {layer type: extents} when the layer groups have their own columns.
-    With `invariant_layout` (`invariant.layout`) it is the position-invariant attention instead.
+    With `invariant_layout` (`invariant_plan.layout`) it is the position-invariant attention instead.
     Keywords outside `_ATTENTION_KWARGS` raise `UnsupportedAttention`, never pass silently."""
     _check_attention_kwargs(module, kwargs)
     if invariant_layout is not None:

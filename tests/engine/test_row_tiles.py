@@ -1,0 +1,54 @@
+"""Row tiles: a linear's product in tiles equals the whole product's rows, and the decoder
+stack switches its linears to the tiled forward only for forwards that need it."""
+
+import copy
+
+import torch
+
+from specserve.engine import row_tiles
+
+
+def _tiled(module) -> bool:
+    return "forward" in module.__dict__
+
+
+def test_linear_in_tiles_worked_example():
+    plan = row_tiles.TilePlan(32)
+    x, w = torch.randn(2, 40, 8, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64)
+    assert torch.allclose(row_tiles.linear(x, w, plan=plan), x @ w.T)
+
+
+def test_the_stack_tiles_only_forwards_longer_than_a_tile(tiny_llama):
+    model = copy.deepcopy(tiny_llama(1))
+    plan = row_tiles.tile_linears(model, 4)
+    inner = model.model.layers[0].self_attn.q_proj
+    assert inner.row_plan is plan and model.lm_head.row_plan is plan
+    assert _tiled(model.lm_head)  # outside the stack: always the tiled forward
+    calls = []
+    original = row_tiles.linear
+    row_tiles.linear = lambda *a, **k: calls.append(a[0].shape) or original(*a, **k)
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[1, 2, 3]]))
+            assert not _tiled(inner) and len(calls) == 1  # the head only
+            calls.clear()
+            model(input_ids=torch.tensor([[1, 2, 3, 4, 5]]))
+            assert _tiled(inner) and len(calls) > 1
+            model.model(input_ids=torch.tensor([[1, 2]]))  # the stack alone decides too
+            assert not _tiled(inner)
+            with row_tiles.aligned_prompt(model, 2, 2):  # aligned prompt rows always tile
+                model(input_ids=torch.tensor([[1, 2]]))
+                assert _tiled(inner)
+    finally:
+        row_tiles.linear = original
+
+
+def test_tiled_and_untiled_forwards_agree(tiny_llama):
+    model = copy.deepcopy(tiny_llama(1)).double()
+    reference = copy.deepcopy(model)
+    row_tiles.tile_linears(model, 2)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        for rows in (1, 5):
+            got = model(input_ids=ids[:, :rows]).logits
+            assert torch.allclose(got, reference(input_ids=ids[:, :rows]).logits)
