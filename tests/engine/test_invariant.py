@@ -173,7 +173,7 @@ def tiled_engine(tiny_llama, tokenizer, random_drafter):
     engine = Engine(model, tokenizer, frozenset(), drafters=drafters)
     if not engine.invariance.invariant:
         pytest.skip(f"this machine's kernels are not row-invariant: {engine.invariance.reason}")
-    assert engine.tiled and engine.min_prefill == row_tiles.PREFILL_TILE
+    assert engine.tiled and engine.min_prefill == row_tiles.BLOCK_TILE
     return engine
 
 
@@ -193,11 +193,39 @@ def test_bf16_row_tiled_batches_equal_ar_alone(tiled_engine, seed):
 
 
 def test_aligned_chunks_and_rows_worked_examples():
-    assert row_tiles.aligned_chunk(64, 100) == 64 and row_tiles.aligned_chunk(0, 40) == 0
+    assert row_tiles.aligned_chunk(0, 300, 700) == 256 and row_tiles.aligned_chunk(0, 40, 700) == 0
+    assert row_tiles.aligned_chunk(0, 200, 700) == 0  # it would cut the block 0..255
+    assert row_tiles.aligned_chunk(0, 200, 250) == 192  # no block: the prompt ends before 256
+    assert row_tiles.aligned_chunk(512, 100, 700) == 64  # 512..767 is no block of this prompt
     assert row_tiles.aligned_rows(128, 150) == 128 and row_tiles.aligned_rows(100, 150) == 0
+    assert row_tiles.prompt_cuts(192, 384) == [0, 64, 320]
+    assert row_tiles.prompt_cuts(0, 128) == [0, 64]
     plan = row_tiles.TilePlan(32, rows=150, aligned=128)
     x, w = torch.randn(1, 150, 8), torch.randn(4, 8)
     assert torch.allclose(row_tiles.linear(x, w, plan=plan), x @ w.T, atol=1e-6)
+
+
+@pytest.mark.parametrize("chunks", [[256, 256, 88], [512, 88], [256, 344]])
+def test_prompt_blocks_give_each_row_one_value_whatever_the_chunking(chunks):
+    """A 600-token prompt's 576 -> 1536 projection in bf16, prefilled whole (blocks 0..255 and
+    256..511, a 64-row tile, 22 rows in 32-row tiles) or in chunks that `aligned_chunk` allows:
+    the same rows."""
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(1536, 576, generator=gen).bfloat16()
+    x = torch.randn(1, 600, 576, generator=gen).bfloat16()
+
+    def part(start: int, size: int) -> torch.Tensor:
+        aligned = row_tiles.aligned_rows(start, size if start + size < 600 else size - 1)
+        plan = row_tiles.TilePlan(32, rows=size, aligned=aligned, start=start)
+        return row_tiles.linear(x[:, start : start + size], w, plan=plan)
+
+    whole = part(0, 600)
+    starts = [sum(chunks[:i]) for i in range(len(chunks))]
+    for start, size in zip(starts[:-1], chunks[:-1], strict=True):  # every chunk end is allowed
+        assert row_tiles.aligned_chunk(start, size, 599) == size
+    assert torch.equal(
+        whole, torch.cat([part(a, n) for a, n in zip(starts, chunks, strict=True)], 1)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -308,5 +336,6 @@ def test_aligned_prompt_tiles_give_each_row_one_value_whatever_the_chunking():
     x = torch.randn(1, 140, 576, generator=gen).bfloat16()
     whole = row_tiles.linear(x, w, plan=row_tiles.TilePlan(32, rows=140, aligned=128))
     first = row_tiles.linear(x[:, :64], w, plan=row_tiles.TilePlan(32, rows=64, aligned=64))
-    rest = row_tiles.linear(x[:, 64:], w, plan=row_tiles.TilePlan(32, rows=76, aligned=64))
+    plan = row_tiles.TilePlan(32, rows=76, aligned=64, start=64)
+    rest = row_tiles.linear(x[:, 64:], w, plan=plan)
     assert torch.equal(whole, torch.cat([first, rest], dim=1))

@@ -36,7 +36,7 @@ def test_the_stack_tiles_only_forwards_longer_than_a_tile(tiny_llama):
             assert _tiled(inner) and len(calls) > 1
             model.model(input_ids=torch.tensor([[1, 2]]))  # the stack alone decides too
             assert not _tiled(inner)
-            with row_tiles.aligned_prompt(model, 2, 2):  # aligned prompt rows always tile
+            with row_tiles.aligned_prompt(model, 2, 2, 0):  # aligned prompt rows always tile
                 model(input_ids=torch.tensor([[1, 2]]))
                 assert _tiled(inner)
     finally:

@@ -163,9 +163,9 @@ class Decoder:
 
     @property
     def min_prefill(self) -> int:
-        """The fewest prompt tokens a prefill step should offer a request: one aligned tile
-        on a row-tiled model (chunks end on tile boundaries, `prefill_size`), else 1."""
-        return row_tiles.PREFILL_TILE if self.tiled else 1
+        """The fewest prompt tokens a prefill step should offer a request: one aligned block
+        on a row-tiled model (chunks never cut one, `prefill_size`), else 1."""
+        return row_tiles.BLOCK_TILE if self.tiled else 1
 
     def prefill_size(self, state: RequestState, budget: int) -> int:
         """The prefill chunk to run within `budget` tokens (< the pending prompt): all of it, or
@@ -173,7 +173,8 @@ class Decoder:
         so every prompt token sits in the same tile whatever the chunking."""
         if not self.tiled:
             return budget
-        return row_tiles.aligned_chunk(hf_internals.cache_length(state.cache), budget)
+        past = hf_internals.cache_length(state.cache)
+        return row_tiles.aligned_chunk(past, budget, past + len(state.pending) - 1)
 
     def propose(self, state: RequestState, max_draft: int | None = None) -> Draft:
         """The proposer's draft, cut to `max_draft` tokens (None: uncut; 0: no draft) and, on

@@ -59,7 +59,7 @@ def verify_forward(
         model if invariant else compiled.runner(model, inputs.input_ids.shape[1], past)
     )
     rows = inputs.input_ids.shape[1]
-    with lora_rows(model, [adapter]), row_tiles.aligned_prompt(model, rows, aligned):
+    with lora_rows(model, [adapter]), row_tiles.aligned_prompt(model, rows, aligned, past):
         out = forward(
             input_ids=inputs.input_ids.to(device),
             position_ids=inputs.position_ids.to(device),

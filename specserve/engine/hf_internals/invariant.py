@@ -83,35 +83,71 @@ def _window_part(folded, key, value, layout: InvariantLayout, scaling):
     windows, each query row taken from its own entry: [b, KVH, G, q, d] and [b, KVH, G, q]."""
     windows = layout.windows
     b, kv_heads, _, d = folded.shape
-    group, q = layout.heads_per_kv, layout.queries
-    if windows.entry is not None:
-        folded = folded[windows.batch]  # [E, KVH, head_rows, d]
+    if windows.source is not None:  # gather each entry's member rows
+        flat = folded.transpose(1, 2).reshape(-1, kv_heads, d)  # [b head_rows, KVH, d]
+        folded = flat.index_select(0, windows.source).view(len(windows.batch), -1, kv_heads, d)
+        folded = folded.transpose(1, 2).contiguous()  # [E, KVH, window_rows, d]
     keys, values = tail_windows(key, windows), tail_windows(value, windows)  # [E, KVH, TAIL, d]
     out, lse = _flash(folded, keys, values, 0.0, False, attn_mask=windows.mask, scale=scaling)[:2]
-    out, lse = _unfold(out, lse, layout)  # [E, KVH, G, q(, d)]
-    if windows.entry is not None:
-        out = out.gather(0, windows.entry.expand(b, kv_heads, group, q, d))
-        lse = lse.gather(0, windows.entry[..., 0].expand(b, kv_heads, group, q))
-    return out, lse
+    if windows.back is None:
+        return _unfold(out, lse, layout)
+    group, q = layout.heads_per_kv, layout.queries
+    out = out.transpose(1, 2).reshape(-1, kv_heads, d).index_select(0, windows.back)
+    lse = lse.transpose(1, 2).reshape(-1, kv_heads).index_select(0, windows.back)
+    return out.view(b, group, q, kv_heads, d).permute(0, 3, 1, 2, 4), lse.view(
+        b, group, q, kv_heads
+    ).permute(0, 3, 1, 2)
 
 
 def tail_windows(states: torch.Tensor, windows: TailWindows) -> torch.Tensor:
     """[E, KVH, TAIL, d]: columns start..start + TAIL of each entry's batch row, a view into
     the cache's storage where it reaches that far and the entries' offsets step evenly (the
-    columns past the held ones are finite: zeros or stale entries, all masked); else copied,
-    zero-padded on the right. The view's geometry is worked out once per cache geometry (every
-    layer's cache shares one)."""
+    columns past the held ones are finite: zeros or stale entries, all masked); else one gather
+    (columns past the cache's last read as its last: masked too). The view or the gather's
+    index is worked out once per cache geometry (every layer's cache shares one)."""
+    states = _row_strided(states)
     room = states.untyped_storage().nbytes() // states.element_size() - states.storage_offset()
     geometry = (states.shape, states.stride(), room)
     if geometry not in windows.views:
-        windows.views[geometry] = _window_view(states, windows, room)
+        view = _window_view(states, windows, room)
+        windows.views[geometry] = view if view is not None else _window_index(states, windows)
     view = windows.views[geometry]
-    if view is not None:
-        size, stride, offset = view
-        return states.as_strided(size, stride, states.storage_offset() + offset)
-    parts = [states[i, :, s : s + TAIL] for i, s in zip(windows.batch, windows.start)]
-    parts = [torch.nn.functional.pad(p, (0, 0, 0, TAIL - p.shape[1])) for p in parts]
-    return torch.stack(parts)
+    if isinstance(view, torch.Tensor):  # the gather's index
+        _, kv_heads, _, d = states.shape
+        rows = _rows_of(states).index_select(0, view)  # [E KVH TAIL, d]
+        return rows.view(len(windows.batch), kv_heads, TAIL, d)
+    size, stride, offset = view
+    return states.as_strided(size, stride, states.storage_offset() + offset)
+
+
+def _row_strided(states: torch.Tensor) -> torch.Tensor:
+    """`states` [b, KVH, columns, d] itself where its storage is rows of d (last dim contiguous,
+    strides multiples of d: every cache here), else a contiguous copy."""
+    batch_stride, head_stride, column_stride, one = states.stride()
+    d = states.shape[-1]
+    if one != 1 or column_stride != d or batch_stride % d or head_stride % d:
+        return states.contiguous()
+    return states
+
+
+def _rows_of(states: torch.Tensor) -> torch.Tensor:
+    """The storage under `states` [b, KVH, columns, d] (last dim contiguous, strides multiples
+    of d) as rows of d: [rows, d], row = (batch stride b + head stride h) / d + column."""
+    b, kv_heads, columns, d = states.shape
+    batch_stride, head_stride, _, _ = states.stride()
+    top = ((b - 1) * batch_stride + (kv_heads - 1) * head_stride) // d + columns
+    return states.as_strided((top, d), (d, 1), states.storage_offset())
+
+
+def _window_index(states: torch.Tensor, windows: TailWindows) -> torch.Tensor:
+    """[E KVH TAIL] rows of `_rows_of(states)`: each entry's TAIL columns from its start."""
+    _, kv_heads, columns, d = states.shape
+    batch_stride, head_stride, _, _ = states.stride()
+    batch = torch.tensor(windows.batch)[:, None, None] * (batch_stride // d)  # [E, 1, 1]
+    heads = torch.arange(kv_heads)[None, :, None] * (head_stride // d)  # [1, KVH, 1]
+    column = torch.tensor(windows.start)[:, None, None] + torch.arange(TAIL)[None, None, :]
+    index = batch + heads + column.clamp(max=columns - 1)  # [E, KVH, TAIL]
+    return index.reshape(-1).to(states.device)
 
 
 def _window_view(states: torch.Tensor, windows: TailWindows, room: int):
@@ -156,11 +192,9 @@ def _gather(states: torch.Tensor, layout: InvariantLayout) -> torch.Tensor:
     """[R, KVH, TAIL, d]: row r's entries at columns tail_columns[r] of batch row tail_batch[r]
     (one index_select over the entries' storage rows: strides are multiples of d; the index is
     built once per forward and stride pattern, as every layer's cache shares its layout)."""
-    b, kv_heads, columns, d = states.shape
-    batch_stride, head_stride, column_stride, one = states.stride()
-    if one != 1 or column_stride != d or batch_stride % d or head_stride % d:
-        states = states.contiguous()
-        batch_stride, head_stride, column_stride, _ = states.stride()
+    states = _row_strided(states)
+    _, kv_heads, _, d = states.shape
+    batch_stride, head_stride, _, _ = states.stride()
     key = (batch_stride, head_stride, d)
     index = layout.gather_index.get(key)
     if index is None:
@@ -168,6 +202,4 @@ def _gather(states: torch.Tensor, layout: InvariantLayout) -> torch.Tensor:
         base = layout.tail_batch * (batch_stride // d)  # [R]
         index = base[:, None, None] + heads[None, :, None] + layout.tail_columns[:, None, :]
         index = layout.gather_index[key] = index.reshape(-1)  # [R KVH TAIL]
-    top = ((b - 1) * batch_stride + (kv_heads - 1) * head_stride) // d + columns
-    flat = states.as_strided((top, d), (d, 1), states.storage_offset())
-    return flat.index_select(0, index).reshape(-1, kv_heads, TAIL, d)
+    return _rows_of(states).index_select(0, index).reshape(-1, kv_heads, TAIL, d)

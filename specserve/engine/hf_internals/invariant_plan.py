@@ -29,12 +29,14 @@ def split_point(positions):
 class TailWindows:
     """The tails of a forward where every query row's keys [S, t] sit at columns S..t of its
     batch row (column = position: a chain, a decode step): one flash entry per (batch row, S)
-    reads the TAIL columns from S in place, all that batch row's query rows in it."""
+    reads the TAIL columns from S in place, with the query rows of that S (its members: m rows
+    at most, G m head rows, the last member repeated as padding)."""
 
     batch: list[int]  # [E] batch row of each entry, entries sorted by (batch row, S)
     start: list[int]  # [E] its S
-    mask: torch.Tensor  # [E, 1, head_rows, TAIL] additive: a member row keeps slots 0..t - S
-    entry: torch.Tensor | None  # [b, 1, 1, q, 1] entry of each query row (None: entry = batch row)
+    mask: torch.Tensor  # [E, 1, window_rows, TAIL] additive: a member keeps slots 0..t - S
+    source: torch.Tensor | None  # [E window_rows] folded query row (b head_rows + g q + i) of each
+    back: torch.Tensor | None  # [b G q] entry row (e window_rows + g m + j) of each query row
     views: dict = field(default_factory=dict)  # cache geometry -> its windows view (`tail_windows`)
 
 
@@ -138,27 +140,52 @@ def layout(
 
 
 def _windows(split, positions, group: int, head_rows: int, dtype, device) -> TailWindows:
-    """One entry per (batch row, S); a query row is a member of its own S's entry and keeps
-    slots 0..t - S there (elsewhere slot 0 only: computed, never read). Example: one batch row,
-    positions [300, 301] -> one entry (0, 256), the rows keeping slots 0..44 and 0..45."""
+    """One entry per (batch row, S) holding the query rows of that S, each keeping slots
+    0..t - S; with one S per batch row the entries are the folded query as it is (no copies).
+    Example: one batch row, positions [300, 301] -> one entry (0, 256), rows keeping slots 0..44
+    and 0..45; positions [62, 63, 64, 65] -> entries (0, 0) and (0, 32), two members each."""
     b, q = split.shape
     span = int(split.max()) + 1
     unique, entry_of = np.unique(np.arange(b)[:, None] * span + split, return_inverse=True)
-    entry_of = entry_of.reshape(b, q)
     batch, start = unique // span, unique % span  # [E]
-    member = entry_of[batch] == np.arange(len(unique))[:, None]  # [E, q]
-    limit = np.where(member, positions[batch] - start[:, None], 0)  # [E, q]
-    keep = np.arange(TAIL)[None, None, :] <= limit[..., None]  # [E, q, TAIL]
-    rows = np.tile(keep, (1, group, 1))  # [E, G q, TAIL], head-major
-    if head_rows > rows.shape[1]:
-        rows = np.concatenate([rows, rows[:, :1]], axis=1)
-    entry = torch.from_numpy(entry_of)[:, None, None, :, None].to(device)
-    return TailWindows(
-        batch=batch.tolist(),
-        start=start.tolist(),
-        mask=_additive(rows, dtype, device)[:, None],
-        entry=None if len(unique) == b else entry,
+    if len(unique) == b:  # every batch row one entry, all its rows members, in place
+        mask = _tail_mask(positions - start[:, None], group, head_rows, dtype, device)
+        return TailWindows(batch.tolist(), start.tolist(), mask, source=None, back=None)
+    entry_of = entry_of.reshape(-1)  # [b q]
+    members = [np.flatnonzero(entry_of == e) for e in range(len(unique))]  # flat rows b q + i
+    m = max(len(rows) for rows in members)
+    window_rows = _head_rows(group, m)
+    slot = np.stack([np.pad(rows, (0, m - len(rows)), mode="edge") for rows in members])  # [E, m]
+    mask = _tail_mask(
+        positions.reshape(-1)[slot] - start[:, None], group, window_rows, dtype, device
     )
+    row, i = np.divmod(slot, q)  # [E, m]
+    source = (row * head_rows)[:, None] + (np.arange(group) * q)[None, :, None] + i[:, None]
+    source = source.reshape(len(unique), group * m)  # [E, G m], head-major like the fold
+    if window_rows > group * m:
+        source = np.concatenate([source, source[:, :1]], axis=1)
+    rank = np.zeros(b * q, dtype=np.int64)  # j: a row's place among its entry's members
+    for rows in members:
+        rank[rows] = np.arange(len(rows))
+    back = entry_of.reshape(b, 1, q) * window_rows + np.arange(group)[None, :, None] * m
+    back = back + rank.reshape(b, 1, q)  # [b, G, q]
+    return TailWindows(
+        batch.tolist(),
+        start.tolist(),
+        mask,
+        source=torch.from_numpy(source.reshape(-1)).to(device),
+        back=torch.from_numpy(back.reshape(-1)).to(device),
+    )
+
+
+def _tail_mask(limit, group: int, rows: int, dtype, device) -> torch.Tensor:
+    """[n, 1, rows, TAIL] additive: member j of entry e keeps slots 0..limit[e, j] (head-major
+    G x m rows, then a padding row where `rows` has one)."""
+    keep = np.arange(TAIL)[None, None, :] <= limit[..., None]  # [n, m, TAIL]
+    keep = np.tile(keep, (1, group, 1))  # [n, G m, TAIL]
+    if rows > keep.shape[1]:
+        keep = np.concatenate([keep, keep[:, :1]], axis=1)
+    return _additive(keep, dtype, device)[:, None]
 
 
 def _gathered(tail, counts, group: int, dtype, device) -> dict:
