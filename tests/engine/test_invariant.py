@@ -163,7 +163,7 @@ def test_the_probe_reports_float32_and_bfloat16_here(tiny_llama):
 @pytest.fixture(scope="module")
 def tiled_engine(tiny_llama, tokenizer, random_drafter):
     """The invariant engine with its linears in 32-row tiles and prompts in aligned 64-row
-    tiles, as on a CPU whose bf16 kernel changes path above 32 rows (the tiny model's does not)."""
+    tiles and 256-row blocks, as on a CPU whose bf16 kernel changes path above 32 rows (the tiny model's does not)."""
     model = with_adapters(copy.deepcopy(tiny_llama(1, init_range=0.1)).bfloat16(), ADAPTERS)
     row_tiles.tile_linears(model, 32)
     drafters = {
@@ -179,13 +179,14 @@ def tiled_engine(tiny_llama, tokenizer, random_drafter):
 
 @pytest.mark.parametrize("seed", [3, 4])
 def test_bf16_row_tiled_batches_equal_ar_alone(tiled_engine, seed):
-    """Prompts up to 140 tokens prefilled in aligned chunks beside others (a leftover budget
-    waits for a tile boundary), n-gram strategies and drafters: each equals its `ar` alone."""
+    """Prompts up to 530 tokens prefilled in aligned chunks beside others (a leftover budget
+    waits for a tile boundary; 256-row prompt blocks are never cut), n-gram strategies and
+    drafters: each equals its `ar` alone."""
     engine = tiled_engine
     reqs = [r | {"cancel_at": None} for r in requests(seed, 10)]
     rng = random.Random(seed)
     for req in reqs[::2]:
-        req["prompt"] = prompt(rng, rng.choice([63, 64, 65, 129, 140]))
+        req["prompt"] = prompt(rng, rng.choice([63, 64, 65, 129, 140, 300, 530]))
     scheduler = Scheduler(engine, BatchSettings(max_batch=6, prefill_chunk=100))
     seen = run(engine, scheduler, reqs)
     for i, req in enumerate(reqs):
