@@ -1,7 +1,8 @@
 """Cost of the position-invariant attention against the plain (row / sdpa) attention: one
-verify forward of k query rows (a chain draft) over a 300-token cache (each as the engine serves
-it), paired and interleaved in one run, per width. Prints JSON.
-Usage: python scripts/invariant_cost.py [--dtype bfloat16]."""
+verify forward of k query rows (a chain draft, or with `--shape tree` a binary tree: node i's
+parent (i - 1) // 2) over a 300-token cache (each as the engine serves it), paired and
+interleaved in one run, per width. Prints JSON.
+Usage: python scripts/invariant_cost.py [--dtype bfloat16] [--shape chain|tree]."""
 
 from __future__ import annotations
 
@@ -28,8 +29,14 @@ def _cpu() -> str:
     return f"{name} ({'avx512_bf16' if 'avx512_bf16' in out else 'no avx512_bf16'})"
 
 
-def _time(model, cache, past: int, width: int) -> float:
-    draft = Draft(DraftTree(tuple([7] * (width - 1)), tuple(range(-1, width - 2))))
+def _draft(width: int, shape: str) -> Draft:
+    """k - 1 draft tokens after the pending one: a chain or a binary tree."""
+    parents = range(-1, width - 2) if shape == "chain" else ((i - 1) // 2 for i in range(width - 1))
+    return Draft(DraftTree(tuple([7] * (width - 1)), tuple(parents)))
+
+
+def _time(model, cache, past: int, width: int, shape: str = "chain") -> float:
+    draft = _draft(width, shape)
     start = time.perf_counter()
     verify_forward(model, cache, past, [5], draft)
     took = time.perf_counter() - start
@@ -43,6 +50,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--shape", choices=("chain", "tree"), default="chain")
     args = parser.parse_args()
     loaded = load_model(args.model, dtype=args.dtype)
     plain = loaded.model
@@ -62,7 +70,7 @@ def main() -> None:
         times = {"plain": [], "invariant": []}
         for _ in range(args.repeats):
             for name, model in (("plain", plain), ("invariant", inv)):
-                times[name].append(_time(model, caches[name], args.context, width))
+                times[name].append(_time(model, caches[name], args.context, width, args.shape))
         ratio = [i / p for i, p in zip(times["invariant"], times["plain"], strict=True)]
         rows[width] = {
             "plain_ms": round(statistics.median(times["plain"]) * 1000, 2),
@@ -78,6 +86,7 @@ def main() -> None:
                 "torch": torch.__version__,
                 "threads": torch.get_num_threads(),
                 "context": args.context,
+                "shape": args.shape,
                 "probe": report.model_dump(),
                 "widths": rows,
             },
