@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specserve.engine import hf_internals
+from specserve.engine.forward import invariance
 from specserve.engine.hf_internals import invariant, invariant_plan
 from specserve.engine.hf_internals.invariant_plan import TAIL
 
@@ -69,6 +70,8 @@ CASES = [([300], 1), ([300, 95, 33], 5), ([62, 40], 4), ([96, 7], 70)]
     + [(torch.bfloat16, *case) for case in [*CASES, ([0], 200)]],
 )
 def test_rows_read_in_place_equal_the_same_rows_gathered(dtype, past, q):
+    if not invariance.attention_invariant(9, 3, 64, dtype):  # the bitwise claim's premise
+        pytest.skip(f"{dtype} flash attention is not invariant to layout on this machine")
     gen = torch.Generator().manual_seed(len(past) * 10 + q)
     columns = max(past) + q + 7  # spare columns past every row: the windows view reaches them
     allowed, positions = _chain(past, q, columns)
