@@ -12,6 +12,7 @@ from transformers import DynamicCache
 
 from specserve.engine.hf_internals.cache import layer_indices
 from specserve.engine.hf_internals.growing_layer import GrowingLayer
+from specserve.engine.hf_internals.storage_rows import gather_entries
 from specserve.engine.hf_internals.windows import WindowLayer, layer_windows
 
 
@@ -133,10 +134,8 @@ def gather_rows(
             continue
         device = layer.keys.device
         r, c = rows.to(device), columns.to(device)
-        _, heads, _, dim = layer.keys.shape
-        index = c[:, None, :, None].expand(len(r), heads, c.shape[1], dim)
-        new_keys = torch.gather(layer.keys[r], 2, index)
-        new_values = torch.gather(layer.values[r], 2, index)
+        new_keys = gather_entries(layer.keys, r, c)
+        new_values = gather_entries(layer.values, r, c)
         layer.keys, layer.values = new_keys, new_values  # both read before either is replaced
 
 

@@ -20,6 +20,7 @@ import itertools
 import torch
 
 from specserve.engine.hf_internals.invariant_plan import TAIL, InvariantLayout, TailWindows
+from specserve.engine.hf_internals.storage_rows import row_strided, rows_of
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -105,7 +106,7 @@ def tail_windows(states: torch.Tensor, windows: TailWindows) -> torch.Tensor:
     columns past the held ones are finite: zeros or stale entries, all masked); else one gather
     (columns past the cache's last read as its last: masked too). The view or the gather's
     index is worked out once per cache geometry (every layer's cache shares one)."""
-    states = _row_strided(states)
+    states = row_strided(states)
     room = states.untyped_storage().nbytes() // states.element_size() - states.storage_offset()
     geometry = (states.shape, states.stride(), room)
     if geometry not in windows.views:
@@ -114,33 +115,14 @@ def tail_windows(states: torch.Tensor, windows: TailWindows) -> torch.Tensor:
     view = windows.views[geometry]
     if isinstance(view, torch.Tensor):  # the gather's index
         _, kv_heads, _, d = states.shape
-        rows = _rows_of(states).index_select(0, view)  # [E KVH TAIL, d]
+        rows = rows_of(states).index_select(0, view)  # [E KVH TAIL, d]
         return rows.view(len(windows.batch), kv_heads, TAIL, d)
     size, stride, offset = view
     return states.as_strided(size, stride, states.storage_offset() + offset)
 
 
-def _row_strided(states: torch.Tensor) -> torch.Tensor:
-    """`states` [b, KVH, columns, d] itself where its storage is rows of d (last dim contiguous,
-    strides multiples of d: every cache here), else a contiguous copy."""
-    batch_stride, head_stride, column_stride, one = states.stride()
-    d = states.shape[-1]
-    if one != 1 or column_stride != d or batch_stride % d or head_stride % d:
-        return states.contiguous()
-    return states
-
-
-def _rows_of(states: torch.Tensor) -> torch.Tensor:
-    """The storage under `states` [b, KVH, columns, d] (last dim contiguous, strides multiples
-    of d) as rows of d: [rows, d], row = (batch stride b + head stride h) / d + column."""
-    b, kv_heads, columns, d = states.shape
-    batch_stride, head_stride, _, _ = states.stride()
-    top = ((b - 1) * batch_stride + (kv_heads - 1) * head_stride) // d + columns
-    return states.as_strided((top, d), (d, 1), states.storage_offset())
-
-
 def _window_index(states: torch.Tensor, windows: TailWindows) -> torch.Tensor:
-    """[E KVH TAIL] rows of `_rows_of(states)`: each entry's TAIL columns from its start."""
+    """[E KVH TAIL] rows of `rows_of(states)`: each entry's TAIL columns from its start."""
     _, kv_heads, columns, d = states.shape
     batch_stride, head_stride, _, _ = states.stride()
     batch = torch.tensor(windows.batch)[:, None, None] * (batch_stride // d)  # [E, 1, 1]
@@ -192,7 +174,7 @@ def _gather(states: torch.Tensor, layout: InvariantLayout) -> torch.Tensor:
     """[R, KVH, TAIL, d]: row r's entries at columns tail_columns[r] of batch row tail_batch[r]
     (one index_select over the entries' storage rows: strides are multiples of d; the index is
     built once per forward and stride pattern, as every layer's cache shares its layout)."""
-    states = _row_strided(states)
+    states = row_strided(states)
     _, kv_heads, _, d = states.shape
     batch_stride, head_stride, _, _ = states.stride()
     key = (batch_stride, head_stride, d)
@@ -202,4 +184,4 @@ def _gather(states: torch.Tensor, layout: InvariantLayout) -> torch.Tensor:
         base = layout.tail_batch * (batch_stride // d)  # [R]
         index = base[:, None, None] + heads[None, :, None] + layout.tail_columns[:, None, :]
         index = layout.gather_index[key] = index.reshape(-1)  # [R KVH TAIL]
-    return _rows_of(states).index_select(0, index).reshape(-1, kv_heads, TAIL, d)
+    return rows_of(states).index_select(0, index).reshape(-1, kv_heads, TAIL, d)
