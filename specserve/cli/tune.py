@@ -32,7 +32,10 @@ def tuned_methods(args, served, strategies: list[str]):
     record, cost curve): configs tuned from the curve unless overridden on the command line."""
     from specserve.engine.decode.engine import Engine  # lazy: +3 s (torch, transformers)
     from specserve.engine.tuning.cost import load_or_measure  # lazy: +3 s (torch, transformers)
-    from specserve.engine.tuning.drafts import load_or_tune  # lazy: +3 s (torch, transformers)
+    from specserve.engine.tuning.drafts import (  # lazy: +3 s (torch, transformers)
+        load_or_tune,
+        with_cost,
+    )
 
     loaded = served.loaded
     overrides = parse_overrides(getattr(args, "config", []), scoped=True)
@@ -47,7 +50,8 @@ def tuned_methods(args, served, strategies: list[str]):
     methods, choices = {}, {}
     for name in strategies:
         if name in overrides or args.no_tune or name == "ar":
-            methods[name] = overrides.get(name, {})
+            # the default config still sizes its drafts by the measured curve (hybrid's budget)
+            methods[name] = with_cost(name, overrides.get(name, {}), curve)
             continue
         log(f"tuning {name} on calibration prompts (cached after the first run) ...")
         tuned = load_or_tune(engine, name, curve, prompts, served.cache_dir, args.retune, log)

@@ -36,6 +36,11 @@ class HybridConfig(BaseModel):
         description="verify cost per width relative to one row (the device cost curve); when "
         "set, each step keeps the node count maximizing expected tokens / cost (<= budget)",
     )
+    relative_tree_cost: dict[int, float] = Field(
+        {},
+        description="the same for a tree of that width (the invariant forward gathers a tree's "
+        "keys: dearer than a chain); a step whose kept nodes branch is priced by it",
+    )
     prompt: PromptLookupConfig = PromptLookupConfig(
         max_ngram=3, min_ngram=1, draft_len=8, max_matches=4
     )
@@ -84,22 +89,35 @@ class _Trie:
             parent = self.add(parent, token, score, owner)
 
 
-def keep_count(probs: list[float], budget: int, aux: int, relative_cost: dict[int, float]) -> int:
+def keep_count(
+    probs: list[float],
+    budget: int,
+    aux: int,
+    relative_cost: dict[int, float],
+    chain_len: int | None = None,
+    tree_cost: dict[int, float] | None = None,
+) -> int:
     """How many of the best nodes (acceptance probabilities `probs`, best first) to verify.
 
     Without a cost curve, `budget`. With one, the k <= budget maximizing (1 + sum of the first k)
-    / cost(1 + aux + k). Example: probs [0.9, 0.5, 0.1], costs {1: 1, 2: 1.1, 3: 1.3, 4: 1.9}:
-    k 0..3 give 1.0, 1.73, 1.85, 1.05 -> 2.
+    / cost(1 + aux + k), where the first `chain_len` nodes form a chain (None: all do) and a
+    draft that branches (k > chain_len) or carries aux rows costs `tree_cost` (where given).
+    Example: probs [0.9, 0.5, 0.1], costs {1: 1, 2: 1.1, 3: 1.3, 4: 1.9}: k 0..3 give 1.0,
+    1.73, 1.85, 1.05 -> 2; with chain_len 1 and tree costs {3: 1.5, 4: 2.0}, k = 2 gives
+    2.4 / 1.5 = 1.6 and k = 1 wins (1.73).
     """
     k_max = min(budget, len(probs))
     if not relative_cost:
         return k_max
+    chain_len = k_max if chain_len is None else chain_len
     best_k, best = 0, 0.0
     expected = 1.0
     for k in range(k_max + 1):
         if k:
             expected += probs[k - 1]
-        speed = expected / _relative(relative_cost, 1 + aux + k)
+        branched = (k > chain_len or aux > 0) and tree_cost
+        cost = _relative(tree_cost if branched else relative_cost, 1 + aux + k)
+        speed = expected / max(cost, _relative(relative_cost, 1 + aux + k))
         if speed > best:
             best_k, best = k, speed
     return best_k
@@ -202,7 +220,15 @@ class HybridProposer:
     def _select(self, trie: _Trie, aux: int) -> DraftTree:
         order = sorted(range(len(trie.tokens)), key=lambda i: (-trie.scores[i], i))
         probs = [math.exp(trie.scores[i]) for i in order]
-        k = keep_count(probs, self.config.budget, aux, self.config.relative_cost)
+        chain_len = _chain_prefix(order, trie.parents)
+        k = keep_count(
+            probs,
+            self.config.budget,
+            aux,
+            self.config.relative_cost,
+            chain_len,
+            self.config.relative_tree_cost,
+        )
         keep = sorted(order[:k])  # best first is closed under ancestors: scores fall with depth
         new_index = {old: new for new, old in enumerate(keep)}
         paths: dict[int, tuple[int, ...]] = {}
@@ -264,6 +290,17 @@ class HybridProposer:
     def observe_features(self, features, tokens: list[int]) -> None:
         """Kept until the next step that drafts with EAGLE (one draft-layer pass for them all)."""
         self._features.append(features)
+
+
+def _chain_prefix(order: list[int], parents: list[int]) -> int:
+    """How many of the nodes `order` lists (best first) form a chain from the root, each the
+    child of the one before. Example: parents [-1, 0, 0, 1], order [0, 1, 3, 2] -> 3."""
+    n = 0
+    for node in order:
+        if parents[node] != (order[n - 1] if n else -1):
+            break
+        n += 1
+    return n
 
 
 def _paths(tree: DraftTree) -> set[tuple[int, ...]]:

@@ -1,4 +1,5 @@
-"""The device cost curve: wall time of one verify forward scoring k tokens over a fixed context.
+"""The device cost curve: wall time of one verify forward scoring k tokens over a fixed context,
+for a chain and for a tree of k (the invariant forward gathers a tree's keys: dearer).
 
 Measured once per (model, device, dtype) and cached as JSON; `relative(k)` interpolates
 cost(k) / cost(1), which the tuner uses to turn acceptance into expected speed.
@@ -27,7 +28,8 @@ class CostCurve(BaseModel):
     device: str
     dtype: str
     context: int
-    ms: dict[int, float]  # median milliseconds per forward of k tokens
+    ms: dict[int, float]  # median milliseconds per forward of k tokens (a chain)
+    tree_ms: dict[int, float] = {}  # the same for a binary tree of k (k >= 3; {}: not measured)
 
     def padded_width(self, k: int) -> int:
         """The cheapest measured width that fits k tokens (padding rows are free to add).
@@ -50,6 +52,17 @@ class CostCurve(BaseModel):
             return self.ms[largest] / base * k / largest
         return self.ms[self.padded_width(k)] / base
 
+    def relative_tree(self, k: int) -> float:
+        """cost(tree of k) / cost(1): the cheapest measured tree that fits k (never below the
+        chain of k); `relative(k)` below the narrowest tree measured or past the widest.
+        Example: ms {1: 100, 4: 110, 8: 120}, tree_ms {4: 118, 8: 131} -> relative_tree(4) =
+        1.18, relative_tree(2) = 1.1."""
+        fits = [s for s in self.tree_ms if s >= k]
+        if not fits or k < min(self.tree_ms):
+            return self.relative(k)
+        tree = min(self.tree_ms[s] for s in fits) / self.ms[min(self.ms)]
+        return max(tree, self.relative(k))
+
 
 def measure_cost_curve(
     model, model_id: str, sizes=DEFAULT_SIZES, context: int = 200, repeats: int = 7
@@ -63,24 +76,34 @@ def measure_cost_curve(
     prefix = [(7 * i + 3) % vocab for i in range(context)]
     cache = hf_internals.new_cache(model.config, growing=hf_internals.is_invariant(model))
     verify_forward(model, cache, 0, prefix[:-1], Draft())
-    times: dict[int, list[float]] = {k: [] for k in sizes}
+    drafts = [
+        (k, "chain", DraftTree(tuple(prefix[: k - 1]), tuple(range(-1, k - 2)))) for k in sizes
+    ]
+    drafts += [(k, "tree", _binary_tree(prefix, k)) for k in sizes if k >= 3]
+    times: dict[tuple[int, str], list[float]] = {(k, shape): [] for k, shape, _ in drafts}
     for _ in range(repeats + 1):
-        for k in sizes:
-            chain = DraftTree(tuple(prefix[: k - 1]), tuple(range(-1, k - 2)))
+        for k, shape, tree in drafts:
             sync_device(model.device)
             start = time.perf_counter()
-            verify_forward(model, cache, context - 1, prefix[-1:], Draft(chain))
+            verify_forward(model, cache, context - 1, prefix[-1:], Draft(tree))
             sync_device(model.device)
-            times[k].append(time.perf_counter() - start)
+            times[k, shape].append(time.perf_counter() - start)
             hf_internals.keep_rows(cache, context - 1, [])
-    ms = {k: round(statistics.median(t[1:]) * 1000, 3) for k, t in times.items()}
+    ms = {key: round(statistics.median(t[1:]) * 1000, 3) for key, t in times.items()}
     return CostCurve(
         model_id=model_id,
         device=str(model.device),
         dtype=forward_key(model),
         context=context,
-        ms=ms,
+        ms={k: v for (k, shape), v in ms.items() if shape == "chain"},
+        tree_ms={k: v for (k, shape), v in ms.items() if shape == "tree"},
     )
+
+
+def _binary_tree(tokens: list[int], k: int) -> DraftTree:
+    """k - 1 draft nodes after the pending token: node 0 follows it, node i > 0 hangs off node
+    (i - 1) // 2 (two children a node: the bushiest tree a proposer sends)."""
+    return DraftTree(tuple(tokens[: k - 1]), tuple((i - 1) // 2 for i in range(k - 1)))
 
 
 def decode_cost(
@@ -108,7 +131,9 @@ def load_or_measure(model, model_id: str, cache_dir: Path, remeasure: bool = Fal
     """The cached curve for this model and device, measuring (and caching) it if absent."""
     path = cost_curve_path(cache_dir, model_id, model.device, forward_key(model))
     if path.exists() and not remeasure:
-        return CostCurve.model_validate(json.loads(path.read_text()))
+        curve = CostCurve.model_validate(json.loads(path.read_text()))
+        if curve.tree_ms:  # (a curve cached before trees were measured is measured again)
+            return curve
     curve = measure_cost_curve(model, model_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(curve.model_dump_json(indent=1))

@@ -55,11 +55,16 @@ CANDIDATES: dict[str, list[dict]] = {
 
 def with_cost(strategy: str, config: dict, curve: CostCurve) -> dict:
     """`config` with the device's cost curve where the strategy sizes its drafts by it (a
-    `relative_cost` field: verify cost per measured width relative to one row)."""
+    `relative_cost` field: verify cost per measured width relative to one row; and a
+    `relative_tree_cost` field where it prices trees apart)."""
     fields = REGISTRY.get(strategy).config_type.model_fields
     if "relative_cost" not in fields or config.get("relative_cost"):
         return config
-    return {**config, "relative_cost": {w: round(curve.relative(w), 4) for w in sorted(curve.ms)}}
+    config = {**config, "relative_cost": {w: round(curve.relative(w), 4) for w in sorted(curve.ms)}}
+    if "relative_tree_cost" in fields and curve.tree_ms:
+        trees = {w: round(curve.relative_tree(w), 4) for w in sorted(curve.tree_ms)}
+        config["relative_tree_cost"] = trees
+    return config
 
 
 class Trial(BaseModel):
@@ -134,7 +139,8 @@ def load_or_tune(
 
 def cached_choices(cache_dir: Path, model_id: str, device, dtype, strategies: list[str]):
     """(cost curve or None, {strategy: tuned config}) from an earlier `tune`/`bench` on this model
-    and device; nothing is measured here (a server starts fast and uses defaults until tuned)."""
+    and device; nothing is measured here (a server starts fast and uses defaults until tuned).
+    An untuned strategy that sizes its drafts by the curve gets its defaults with the curve."""
     curve_file = cost_curve_path(Path(cache_dir), model_id, device, dtype)
     if not curve_file.exists():
         return None, {}
@@ -144,4 +150,6 @@ def cached_choices(cache_dir: Path, model_id: str, device, dtype, strategies: li
         path = tuned_path(Path(cache_dir), curve, strategy)
         if path.exists():
             configs[strategy] = Tuned.model_validate_json(path.read_text()).config
+        elif priced := with_cost(strategy, {}, curve):
+            configs[strategy] = priced
     return curve, configs

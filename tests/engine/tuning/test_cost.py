@@ -49,7 +49,30 @@ def test_padded_width_matches_reference_on_random_curves():
 def test_measure_on_a_tiny_model(tiny_llama):
     curve = measure_cost_curve(tiny_llama(0), "tiny", sizes=(1, 3, 8), context=20, repeats=2)
     assert set(curve.ms) == {1, 3, 8} and all(v > 0 for v in curve.ms.values())
+    assert set(curve.tree_ms) == {3, 8} and all(v > 0 for v in curve.tree_ms.values())
     assert curve.device == "cpu" and curve.context == 20
+
+
+def test_relative_tree_docstring_example():
+    curve = _curve({1: 100, 4: 110, 8: 120}).model_copy(update={"tree_ms": {4: 118, 8: 131}})
+    assert curve.relative_tree(4) == pytest.approx(1.18)
+    assert curve.relative_tree(2) == pytest.approx(1.1)  # no tree that narrow: the chain's
+    assert curve.relative_tree(8) == pytest.approx(1.31)
+    cheap = _curve({1: 100, 4: 110}).model_copy(update={"tree_ms": {4: 105}})
+    assert cheap.relative_tree(4) == pytest.approx(1.1)  # never below the chain of that width
+    assert _curve({1: 100, 4: 110}).relative_tree(4) == pytest.approx(1.1)  # none measured
+
+
+def test_a_curve_cached_without_trees_is_measured_again(tmp_path, tiny_llama, monkeypatch):
+    model = tiny_llama(0)
+    old = _curve({1: 1.0, 4: 2.0})
+    path = cost.cost_curve_path(tmp_path, "tiny", model.device, cost.forward_key(model))
+    path.parent.mkdir(parents=True)
+    path.write_text(old.model_dump_json())
+    fresh = old.model_copy(update={"tree_ms": {4: 2.4}})
+    monkeypatch.setattr(cost, "measure_cost_curve", lambda model, model_id: fresh)
+    assert load_or_measure(model, "tiny", tmp_path) == fresh
+    assert cost.CostCurve.model_validate_json(path.read_text()) == fresh
 
 
 def test_load_or_measure_reads_the_cache(tmp_path, tiny_llama, monkeypatch):
@@ -58,7 +81,7 @@ def test_load_or_measure_reads_the_cache(tmp_path, tiny_llama, monkeypatch):
 
     def fake_measure(model, model_id):
         calls.append(model_id)
-        return _curve({1: 1.0, 4: 2.0})
+        return _curve({1: 1.0, 4: 2.0}).model_copy(update={"tree_ms": {4: 2.5}})
 
     monkeypatch.setattr(cost, "measure_cost_curve", fake_measure)
     first = load_or_measure(model, "tiny", tmp_path)
