@@ -1,8 +1,9 @@
 """Cost of the position-invariant attention against the plain (row / sdpa) attention: one
-verify forward of k query rows (a chain draft, or with `--shape tree` a binary tree: node i's
-parent (i - 1) // 2) over a 300-token cache (each as the engine serves it), paired and
-interleaved in one run, per width. Prints JSON.
-Usage: python scripts/invariant_cost.py [--dtype bfloat16] [--shape chain|tree]."""
+verify forward of k query rows (a chain draft; with `--shape tree` a binary tree, node i's
+parent (i - 1) // 2; with `--shape branches` two chains from the pending token) over a
+300-token cache (each as the engine serves it), paired and interleaved in one run, per width.
+Prints JSON.
+Usage: python scripts/invariant_cost.py [--dtype bfloat16] [--shape chain|tree|branches]."""
 
 from __future__ import annotations
 
@@ -30,9 +31,20 @@ def _cpu() -> str:
 
 
 def _draft(width: int, shape: str) -> Draft:
-    """k - 1 draft tokens after the pending one: a chain or a binary tree."""
-    parents = range(-1, width - 2) if shape == "chain" else ((i - 1) // 2 for i in range(width - 1))
-    return Draft(DraftTree(tuple([7] * (width - 1)), tuple(parents)))
+    """k - 1 draft tokens after the pending one: a chain, a binary tree, or two chains from the
+    pending token (`branches`: two n-gram matches, as prompt lookup drafts)."""
+    n = width - 1
+    if shape == "chain":
+        parents = list(range(-1, n - 1))
+    elif shape == "tree":
+        parents = [(i - 1) // 2 for i in range(n)]
+    else:
+        half = (n + 1) // 2
+        parents = [i - 1 for i in range(half)] + [
+            -1 if i == half else i - 1 for i in range(half, n)
+        ]
+    tokens = [7 + (i == (n + 1) // 2 and shape == "branches") for i in range(n)]
+    return Draft(DraftTree(tuple(tokens), tuple(parents)))
 
 
 def _time(model, cache, past: int, width: int, shape: str = "chain") -> float:
@@ -50,7 +62,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--shape", choices=("chain", "tree"), default="chain")
+    parser.add_argument("--shape", choices=("chain", "tree", "branches"), default="chain")
     args = parser.parse_args()
     loaded = load_model(args.model, dtype=args.dtype)
     plain = loaded.model
