@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.engine.match_stats import MatchStats, common_prefix
 from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy
+from specserve.engine.proposers.draft_budget import chain_prefix, keep_count, relative_at
 from specserve.engine.proposers.eagle import EagleConfig, EagleProposer
 from specserve.engine.proposers.lookahead import LookaheadConfig, LookaheadProposer
 from specserve.engine.proposers.prompt_lookup import PromptLookupConfig, PromptLookupProposer
@@ -87,49 +88,6 @@ class _Trie:
         for token, log_rate in zip(chain, log_rates):
             score += log_rate
             parent = self.add(parent, token, score, owner)
-
-
-def keep_count(
-    probs: list[float],
-    budget: int,
-    aux: int,
-    relative_cost: dict[int, float],
-    chain_len: int | None = None,
-    tree_cost: dict[int, float] | None = None,
-) -> int:
-    """How many of the best nodes (acceptance probabilities `probs`, best first) to verify.
-
-    Without a cost curve, `budget`. With one, the k <= budget maximizing (1 + sum of the first k)
-    / cost(1 + aux + k), where the first `chain_len` nodes form a chain (None: all do) and a
-    draft that branches (k > chain_len) or carries aux rows costs `tree_cost` (where given).
-    Example: probs [0.9, 0.5, 0.1], costs {1: 1, 2: 1.1, 3: 1.3, 4: 1.9}: k 0..3 give 1.0,
-    1.73, 1.85, 1.05 -> 2; with chain_len 1 and tree costs {3: 1.5, 4: 2.0}, k = 2 gives
-    2.4 / 1.5 = 1.6 and k = 1 wins (1.73).
-    """
-    k_max = min(budget, len(probs))
-    if not relative_cost:
-        return k_max
-    chain_len = k_max if chain_len is None else chain_len
-    best_k, best = 0, 0.0
-    expected = 1.0
-    for k in range(k_max + 1):
-        if k:
-            expected += probs[k - 1]
-        branched = (k > chain_len or aux > 0) and tree_cost
-        cost = _relative(tree_cost if branched else relative_cost, 1 + aux + k)
-        speed = expected / max(cost, _relative(relative_cost, 1 + aux + k))
-        if speed > best:
-            best_k, best = k, speed
-    return best_k
-
-
-def _relative(cost: dict[int, float], width: int) -> float:
-    """The cheapest measured width that fits (padding is free); linear past the largest."""
-    fits = [cost[w] for w in cost if w >= width]
-    if fits:
-        return min(fits)
-    largest = max(cost)
-    return cost[largest] * width / largest
 
 
 class HybridProposer:
@@ -220,7 +178,7 @@ class HybridProposer:
     def _select(self, trie: _Trie, aux: int) -> DraftTree:
         order = sorted(range(len(trie.tokens)), key=lambda i: (-trie.scores[i], i))
         probs = [math.exp(trie.scores[i]) for i in order]
-        chain_len = _chain_prefix(order, trie.parents)
+        chain_len = chain_prefix(order, trie.parents)
         k = keep_count(
             probs,
             self.config.budget,
@@ -275,32 +233,21 @@ class HybridProposer:
             return 0.0
         rows = 1 + len(draft.tree) + (len(draft.aux.tokens) if draft.aux else 0)
         own = sum(1 for o in self._owners.values() if o == owner)
-        full = _relative(self.config.relative_cost, rows)
-        return 1 - _relative(self.config.relative_cost, rows - own) / full
+        full = relative_at(self.config.relative_cost, rows)
+        return 1 - relative_at(self.config.relative_cost, rows - own) / full
 
     def _price_window(self, draft: Draft, accepted: int, from_pool: int) -> None:
         """The window's rows priced by the cost curve against the accepted tokens of the pool's
         nodes (which the window feeds) this step."""
         rows = 1 + len(draft.tree)
-        without = _relative(self.config.relative_cost, rows)
-        cost = _relative(self.config.relative_cost, rows + len(draft.aux.tokens)) - without
+        without = relative_at(self.config.relative_cost, rows)
+        cost = relative_at(self.config.relative_cost, rows + len(draft.aux.tokens)) - without
         self.window_gate.record_tokens(accepted, from_pool)
         self.window_gate.record_cost(cost, without)
 
     def observe_features(self, features, tokens: list[int]) -> None:
         """Kept until the next step that drafts with EAGLE (one draft-layer pass for them all)."""
         self._features.append(features)
-
-
-def _chain_prefix(order: list[int], parents: list[int]) -> int:
-    """How many of the nodes `order` lists (best first) form a chain from the root, each the
-    child of the one before. Example: parents [-1, 0, 0, 1], order [0, 1, 3, 2] -> 3."""
-    n = 0
-    for node in order:
-        if parents[node] != (order[n - 1] if n else -1):
-            break
-        n += 1
-    return n
 
 
 def _paths(tree: DraftTree) -> set[tuple[int, ...]]:
