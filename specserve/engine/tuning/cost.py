@@ -67,9 +67,10 @@ class CostCurve(BaseModel):
 def measure_cost_curve(
     model, model_id: str, sizes=DEFAULT_SIZES, context: int = 200, repeats: int = 7
 ) -> CostCurve:
-    """Time verify forwards of a k-node chain (all k logits) over a `context`-token cache.
+    """Time verify forwards of a k-node chain, and of a k-node binary tree for k >= 3 (all k
+    logits), over a `context`-token cache.
 
-    Sizes are measured round-robin, `repeats` rounds after a warm-up round, so machine noise
+    Sizes and shapes are measured round-robin, `repeats` rounds after a warm-up round, so machine noise
     spreads over all of them; each forward's entries are cropped off again. Median per size.
     """
     vocab = model.config.vocab_size
