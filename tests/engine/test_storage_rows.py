@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specserve.engine.hf_internals.storage_rows import gather_entries, row_strided, rows_of
+from specserve.engine.hf_internals.storage_rows import (
+    entry_index,
+    gather_entries,
+    row_strided,
+    rows_of,
+)
 
 
 def _reference(states, batch, columns):
@@ -52,3 +57,13 @@ def test_a_tensor_whose_rows_are_not_contiguous_is_copied_first():
     batch, columns = torch.tensor([1, 0]), torch.tensor([[4, 0, 2], [1, 1, 3]])
     for t in (states, odd):
         assert torch.equal(gather_entries(t, batch, columns), _reference(t, batch, columns))
+
+
+def test_entry_index_docstring_example():
+    states = torch.zeros(2, 2, 4, 3)  # strides (24, 12, 3, 1): rows of d = 3, 8 a batch row
+    assert entry_index(states, torch.tensor([1]), torch.tensor([[2, 0]])).tolist() == [
+        10,
+        8,
+        14,
+        12,
+    ]

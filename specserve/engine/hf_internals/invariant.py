@@ -20,7 +20,7 @@ import itertools
 import torch
 
 from specserve.engine.hf_internals.invariant_plan import TAIL, InvariantLayout, TailWindows
-from specserve.engine.hf_internals.storage_rows import row_strided, rows_of
+from specserve.engine.hf_internals.storage_rows import entry_index, row_strided, rows_of
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -123,13 +123,9 @@ def tail_windows(states: torch.Tensor, windows: TailWindows) -> torch.Tensor:
 
 def _window_index(states: torch.Tensor, windows: TailWindows) -> torch.Tensor:
     """[E KVH TAIL] rows of `rows_of(states)`: each entry's TAIL columns from its start."""
-    _, kv_heads, columns, d = states.shape
-    batch_stride, head_stride, _, _ = states.stride()
-    batch = torch.tensor(windows.batch)[:, None, None] * (batch_stride // d)  # [E, 1, 1]
-    heads = torch.arange(kv_heads)[None, :, None] * (head_stride // d)  # [1, KVH, 1]
-    column = torch.tensor(windows.start)[:, None, None] + torch.arange(TAIL)[None, None, :]
-    index = batch + heads + column.clamp(max=columns - 1)  # [E, KVH, TAIL]
-    return index.reshape(-1).to(states.device)
+    column = torch.tensor(windows.start)[:, None] + torch.arange(TAIL)[None, :]  # [E, TAIL]
+    column = column.clamp(max=states.shape[2] - 1).to(states.device)
+    return entry_index(states, torch.tensor(windows.batch, device=states.device), column)
 
 
 def _window_view(states: torch.Tensor, windows: TailWindows, room: int):
@@ -176,12 +172,9 @@ def _gather(states: torch.Tensor, layout: InvariantLayout) -> torch.Tensor:
     built once per forward and stride pattern, as every layer's cache shares its layout)."""
     states = row_strided(states)
     _, kv_heads, _, d = states.shape
-    batch_stride, head_stride, _, _ = states.stride()
-    key = (batch_stride, head_stride, d)
+    key = (*states.stride()[:2], d)
     index = layout.gather_index.get(key)
-    if index is None:
-        heads = torch.arange(kv_heads, device=states.device) * (head_stride // d)  # [KVH]
-        base = layout.tail_batch * (batch_stride // d)  # [R]
-        index = base[:, None, None] + heads[None, :, None] + layout.tail_columns[:, None, :]
-        index = layout.gather_index[key] = index.reshape(-1)  # [R KVH TAIL]
+    if index is None:  # [R KVH TAIL]
+        index = entry_index(states, layout.tail_batch, layout.tail_columns)
+        layout.gather_index[key] = index
     return rows_of(states).index_select(0, index).reshape(-1, kv_heads, TAIL, d)

@@ -26,14 +26,22 @@ def rows_of(states: torch.Tensor) -> torch.Tensor:
     return states.as_strided((top, d), (d, 1), states.storage_offset())
 
 
+def entry_index(states: torch.Tensor, batch: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """[n KVH m] rows of `rows_of(states)` (row-strided): for i < n, batch row batch[i]'s
+    columns columns[i] [m], every head, in that order. Example: strides (b 8 d, h 4 d, d, 1),
+    batch [1], columns [[2, 0]] -> [10, 8, 14, 12]."""
+    _, kv_heads, _, d = states.shape
+    batch_stride, head_stride, _, _ = states.stride()
+    heads = torch.arange(kv_heads, device=states.device) * (head_stride // d)  # [KVH]
+    index = (batch * (batch_stride // d))[:, None, None] + heads[None, :, None]  # [n, KVH, 1]
+    return (index + columns[:, None, :]).reshape(-1)
+
+
 def gather_entries(states: torch.Tensor, batch: torch.Tensor, columns: torch.Tensor):
     """[n, KVH, m, d]: for i < n, batch row batch[i]'s entries at columns columns[i] [m], every
     head, in that order (a copy). Example: batch [2, 0], columns [[0, 3], [1, 1]] -> old row 2's
     columns 0 and 3, then old row 0's column 1 twice."""
     states = row_strided(states)
     _, kv_heads, _, d = states.shape
-    batch_stride, head_stride, _, _ = states.stride()
-    heads = torch.arange(kv_heads, device=states.device) * (head_stride // d)  # [KVH]
-    index = (batch * (batch_stride // d))[:, None, None] + heads[None, :, None]  # [n, KVH, 1]
-    index = (index + columns[:, None, :]).reshape(-1)  # [n KVH m]
+    index = entry_index(states, batch, columns)
     return rows_of(states).index_select(0, index).view(len(batch), kv_heads, -1, d)

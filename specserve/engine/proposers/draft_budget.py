@@ -30,9 +30,10 @@ def keep_count(
     for k in range(k_max + 1):
         if k:
             expected += probs[k - 1]
-        branched = (k > chain_len or aux > 0) and tree_cost
-        cost = relative_at(tree_cost if branched else relative_cost, 1 + aux + k)
-        speed = expected / max(cost, relative_at(relative_cost, 1 + aux + k))
+        cost = relative_at(relative_cost, 1 + aux + k)
+        if tree_cost and (k > chain_len or aux > 0):  # a tree: never cheaper than the chain
+            cost = max(cost, relative_at(tree_cost, 1 + aux + k))
+        speed = expected / cost
         if speed > best:
             best_k, best = k, speed
     return best_k
