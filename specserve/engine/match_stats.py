@@ -27,16 +27,19 @@ class MatchStats:
         self._accepted: dict[str, list[int]] = {}
         self._lock = threading.Lock()
 
-    def rate(self, source: str, depth: int) -> float:
-        a, b = self.prior
+    def rate(self, source: str, depth: int, prior: tuple[float, float] | None = None) -> float:
+        """`prior`: this call's (a, b) in place of the object's (a source trusted less)."""
+        a, b = prior or self.prior
         with self._lock:
             tried = self._tried.get(source)
             if not tried or depth > len(tried):
                 return a / (a + b)
             return (self._accepted[source][depth - 1] + a) / (tried[depth - 1] + a + b)
 
-    def rates(self, source: str, depths: int) -> list[float]:
-        return [self.rate(source, d) for d in range(1, depths + 1)]
+    def rates(
+        self, source: str, depths: int, prior: tuple[float, float] | None = None
+    ) -> list[float]:
+        return [self.rate(source, d, prior) for d in range(1, depths + 1)]
 
     def record(self, source: str, verified: int, matched: int) -> None:
         """One chain's outcome: its first `verified` tokens were verified, the first `matched`

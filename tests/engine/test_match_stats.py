@@ -44,3 +44,11 @@ def test_common_prefix():
     assert common_prefix([5, 6, 7], [5, 6, 9]) == 2
     assert common_prefix([], [1]) == 0
     assert common_prefix([1, 2], [1, 2, 3]) == 2
+
+
+def test_a_call_may_bring_its_own_prior():
+    stats = MatchStats()
+    assert stats.rate("pool", 1, (1.0, 9.0)) == 0.1  # unmeasured: the call's prior
+    stats.record("pool", 1, 1)
+    assert stats.rate("pool", 1, (1.0, 9.0)) == (1 + 1) / (1 + 10)
+    assert stats.rate("pool", 1) == (1 + 1) / (1 + 2)

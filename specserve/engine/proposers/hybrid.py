@@ -3,8 +3,9 @@ a drafter is given), prompt-lookup matches over prompt + output, and the variant
 (fed by a Lookahead window) — merged into one trie under one token budget.
 
 Every node is scored as the probability that verification accepts it: EAGLE's path confidence;
-for an n-gram chain, the product of its source's measured per-depth acceptance (`MatchStats`,
-shared per variant, keyed by match length). Nodes are kept best first; with the device's cost
+for the context's continuations, how often each followed the recent occurrences of the matched
+suffix (continuations.py); for a pool chain (or, without counts, a prompt match), the product of
+its source's measured per-depth acceptance (`MatchStats`, shared per variant). Nodes are kept best first; with the device's cost
 curve the number kept maximizes expected tokens per step over the step's cost.
 """
 
@@ -17,6 +18,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.engine.match_stats import MatchStats, common_prefix
+from specserve.engine.proposers.continuations import (
+    CountsConfig,
+    continuation_counts,
+    path_log_scores,
+)
 from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy
 from specserve.engine.proposers.draft_budget import chain_prefix, keep_count, relative_at
 from specserve.engine.proposers.eagle import EagleConfig, EagleProposer
@@ -45,7 +51,17 @@ class HybridConfig(BaseModel):
     prompt: PromptLookupConfig = PromptLookupConfig(
         max_ngram=3, min_ngram=1, draft_len=8, max_matches=4
     )
+    counts: CountsConfig | None = Field(
+        CountsConfig(),
+        description="score the context's continuations by how often each followed the matched "
+        "suffix (None: prompt matches scored by their measured acceptance per match length)",
+    )
     pool_guesses: int = Field(4, ge=0, description="pool continuations considered per step")
+    pool_prior: tuple[float, float] = Field(
+        (1.0, 9.0),
+        description="Beta prior of a pool token's acceptance until measured: a fresh pool holds "
+        "the prompt's own n-grams, which the continuation counts already score",
+    )
     pool_draft_len: int = Field(6, ge=1, description="pool chains extended by lookups to this")
     window: LookaheadConfig | None = Field(
         LookaheadConfig(window=2, ngram=3, guesses=0),
@@ -121,8 +137,12 @@ class HybridProposer:
         trie = _Trie()
         self._chains = self._ngram_chains(tokens)
         for source, chain in self._chains:
-            rates = self.stats.rates(source, len(chain))
-            trie.add_chain(chain, [math.log(r) for r in rates], source)
+            if source == "pool" or self.config.counts is None:
+                prior = self.config.pool_prior if source == "pool" else None
+                rates = self.stats.rates(source, len(chain), prior)
+                trie.add_chain(chain, [math.log(r) for r in rates], source)
+        if self.config.counts is not None:
+            self._add_continuations(trie, tokens, self.config.counts)
         self._drafter_step(trie, tokens)
         window = self.config.window is not None and self.window_gate.run_now()
         aux = self.lookahead.propose(tokens).aux if window else None
@@ -159,6 +179,17 @@ class HybridProposer:
             for cont in self.pool.get(tokens[-key_len:], self.config.pool_guesses):
                 chains.append(("pool", self._extend(list(cont), key_len)))
         return chains
+
+    def _add_continuations(self, trie: _Trie, tokens: list[int], counts: CountsConfig) -> None:
+        """Every suffix length's continuation trie, merged (a node keeps its best score)."""
+        cfg = self.prompt.config
+        for n in range(min(cfg.max_ngram, len(tokens)), cfg.min_ngram - 1, -1):
+            starts = self.prompt.starts(tokens, n, counts.recent)
+            found = continuation_counts(tokens, starts, counts.max_len)
+            node_of: dict[tuple[int, ...], int] = {}
+            for path, score in path_log_scores(found, len(starts), counts.alpha(n)).items():
+                parent = node_of[path[:-1]] if len(path) > 1 else -1
+                node_of[path] = trie.add(parent, path[-1], score, f"prompt:{n}")
 
     def _extend(self, chain: list[int], key_len: int) -> list[int]:
         """A pool chain lengthened by looking its own tail up, up to `pool_draft_len` tokens."""

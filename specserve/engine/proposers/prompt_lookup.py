@@ -64,6 +64,13 @@ class PromptLookupProposer:
                     return found
         return found
 
+    def starts(self, tokens: list[int], n: int, recent: int) -> list[int]:
+        """Where the continuations of the last `recent` earlier occurrences of the last n tokens
+        begin (oldest first). Example: tokens [7, 1, 2, 7, 1, 3, 7], n 1 -> [1, 4]."""
+        self._extend_index(tokens)
+        found = self._index.get(tuple(tokens[-n:]), [])
+        return [s for s in found[-recent - 1 :] if s < len(tokens)][-recent:]
+
     def propose(self, tokens: list[int]) -> Draft:
         chains = [chain for _, chain in self.matches(tokens, self.config.max_matches)]
         return Draft(DraftTree.from_chains(chains))

@@ -63,6 +63,16 @@ def test_the_budget_goes_to_the_better_measured_source():
     assert tree.tokens == (5, 6) and tree.parents == (-1, 0)
 
 
+def test_counts_prefer_the_continuation_seen_most_often():
+    """After "1" the prompt shows 2 three times and 5 once (the most recent): prompt lookup
+    drafts 5 first; counts keep 2 (3 / (4 + 2) against 1 / 6), or both wherever scored alike."""
+    prompt = [1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 5, 0, 1]
+    counted = _proposer(prompt, budget=1, pool_guesses=0)
+    assert counted.propose(prompt).tree.tokens == (2,)
+    measured = _proposer(prompt, budget=1, pool_guesses=0, counts=None)
+    assert measured.propose(prompt).tree.tokens == (5,)
+
+
 def test_observe_learns_per_source_and_attributes():
     pool = NGramPool()
     prompt = [1, 2, 3, 4, 9, 1]
