@@ -18,12 +18,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.engine.match_stats import MatchStats, common_prefix
+from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy
 from specserve.engine.proposers.continuations import (
     CountsConfig,
     continuation_counts,
     path_log_scores,
 )
-from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy
 from specserve.engine.proposers.draft_budget import chain_prefix, keep_count, relative_at
 from specserve.engine.proposers.eagle import EagleConfig, EagleProposer
 from specserve.engine.proposers.lookahead import LookaheadConfig, LookaheadProposer
