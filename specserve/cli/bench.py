@@ -23,6 +23,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--out", type=Path, default=None)
     b.add_argument("--plot", type=Path, default=None)
     b.add_argument(
+        "--pool",
+        choices=("fresh", "warm"),
+        default="fresh",
+        help="n-gram pool per method: fresh for every prompt, or warm (one across the prompts, "
+        "as a served variant's pool outlives its requests)",
+    )
+    b.add_argument(
         "--drafter-dir", type=Path, default=None, help="DIR/<kind>, kinds: " + ", ".join(KIND_NAMES)
     )
     b.set_defaults(func=cmd_bench)
@@ -53,11 +60,19 @@ def cmd_bench(args) -> int:
     prompts = bench.load_specbench(args.data, args.per_task, loaded.tokenizer)
     log(f"benchmarking {len(prompts)} prompts x {len(methods)} methods ...")
     totals = bench.run_bench(
-        engine, prompts, methods, args.max_new_tokens, log, target.adapter, fp32
+        engine,
+        prompts,
+        methods,
+        args.max_new_tokens,
+        log,
+        target.adapter,
+        fp32,
+        pools=bench.warm_pools(methods) if args.pool == "warm" else None,
     )
     report = bench.build_report(
         loaded.model_id, device_name(loaded.device), prompts, args.max_new_tokens, totals, curve
     )
+    report["pool"] = args.pool
     report["dtype"] = str(loaded.dtype)
     report["dtype_choice"] = (
         loaded.dtype_choice.model_dump()

@@ -18,6 +18,7 @@ import torch
 
 from specserve.engine.decode.engine import Engine
 from specserve.engine.lora.batch import is_peft_model, lora_rows
+from specserve.engine.ngram_pool import NGramPool
 from specserve.engine.prompts import encode_prompt
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.ties import check_outputs
@@ -113,11 +114,18 @@ def run_hf(
 
 
 def run_method(
-    engine: Engine, name: str, config: dict | None, ids, max_new_tokens, adapter=None, fp32=None
+    engine: Engine,
+    name: str,
+    config: dict | None,
+    ids,
+    max_new_tokens,
+    adapter=None,
+    fp32=None,
+    pool: NGramPool | None = None,
 ):
     """One greedy decode (with LoRA `adapter` if given); returns (output ids, seconds, forwards,
     verify widths, accepted draft tokens by source). `fp32`: the float32 copy of the model
-    `hf_ar_fp32` runs on."""
+    `hf_ar_fp32` runs on; `pool`: the n-gram pool to draft from and feed (None: a fresh one)."""
     sync_device(engine.model.device)
     start = time.perf_counter()
     widths: list[int] = []
@@ -131,7 +139,7 @@ def run_method(
         )
     else:
         params = SamplingParams(max_new_tokens=max_new_tokens)
-        result = engine.generate(ids, params, name, config, adapter=adapter)
+        result = engine.generate(ids, params, name, config, pool=pool, adapter=adapter)
         output, forwards, widths = result.output_ids, result.forwards, result.widths
         sources = result.accepted_by_source
     sync_device(engine.model.device)
@@ -146,22 +154,30 @@ def run_bench(
     log=lambda msg: print(msg, file=sys.stderr, flush=True),
     adapter: str | None = None,
     fp32=None,
+    pools: dict[str, NGramPool] | None = None,
 ) -> dict[str, MethodTotals]:
     """Decode every prompt with every method (after one warm-up each), base + `adapter` if given;
-    `fp32`: the float32 copy for `hf_ar_fp32`."""
+    `fp32`: the float32 copy for `hf_ar_fp32`. `pools`: a method's n-gram pool kept across the
+    prompts, as a served variant's outlives its requests (`warm_pools`); else one per prompt."""
     for name, config in methods.items():
         run_method(engine, name, config, prompts[0].ids, 4, adapter, fp32)
+    pools = pools or {}
     totals = {name: MethodTotals() for name in methods}
     for i, prompt in enumerate(prompts, 1):
         line = []
         for name, config in methods.items():
             output, seconds, forwards, widths, sources = run_method(
-                engine, name, config, prompt.ids, max_new_tokens, adapter, fp32
+                engine, name, config, prompt.ids, max_new_tokens, adapter, fp32, pools.get(name)
             )
             totals[name].add(prompt, output, seconds, forwards, widths, sources)
             line.append(f"{name} {len(output) / seconds:.1f} tok/s τ {len(output) / forwards:.2f}")
         log(f"[{i}/{len(prompts)}] {prompt.task}#{prompt.question_id}: " + " | ".join(line))
     return totals
+
+
+def warm_pools(methods) -> dict[str, NGramPool]:
+    """One n-gram pool per method, for `run_bench` to keep across the prompts."""
+    return {name: NGramPool() for name in methods}
 
 
 def _rate(rows) -> tuple[float, float]:

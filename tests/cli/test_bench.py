@@ -49,6 +49,7 @@ def test_bench_report_contract(tmp_path, model_dir, main):
     assert {"dtype", "dtype_choice", "compile", "tie_tolerance", "cost_curve_ms"} <= set(report)
     assert report["compile"]["enabled"] is False  # auto, nothing measured in this cache
     assert report["dtype"] == "torch.float32"
+    assert report["pool"] == "fresh"  # one n-gram pool per prompt unless --pool warm
     assert report["prompts"] == 2 and report["max_new_tokens"] == 6
     assert set(report["results"]) == {
         "ar", "prompt_lookup", "lookahead", "hybrid", "hf_ar", "hf_pld", "hf_ar_fp32"
