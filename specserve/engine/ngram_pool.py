@@ -12,6 +12,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 
 from specserve.engine.match_stats import MatchStats
+from specserve.engine.output_index import OutputIndex
 
 Key = tuple[int, ...]
 Continuation = tuple[int, ...]
@@ -39,6 +40,7 @@ class NGramPool:
         self._lock = threading.Lock()
         # measured acceptance of drafts from this variant's n-grams (the hybrid proposer's)
         self.match_stats = MatchStats()
+        self.outputs = OutputIndex()  # the variant's recent outputs (the hybrid's counts)
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._entries.values())

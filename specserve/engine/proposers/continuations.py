@@ -5,7 +5,7 @@ count(node) / (count(parent) + alpha). Pure functions."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,6 +15,12 @@ class CountsConfig(BaseModel):
 
     recent: int = Field(32, ge=1, description="occurrences of a suffix counted (most recent)")
     max_len: int = Field(12, ge=1, description="tokens counted after each occurrence")
+    recent_outputs: int = Field(
+        32,
+        ge=0,
+        description="occurrences also counted in the variant's recent outputs (output_index.py; "
+        "0: the request's own context alone)",
+    )
     smoothing: float = Field(
         2.0,
         gt=0,
@@ -36,9 +42,16 @@ def continuation_counts(
     Example: tokens [7, 1, 2, 7, 1, 3, 7], the suffix (7,) occurring before positions 1 and 4
     (the last 7 has no continuation yet), max_len 2 -> {(1,): 2, (1, 2): 1, (1, 3): 1}.
     """
-    counts: dict[tuple[int, ...], int] = {}
-    for start in starts:
-        continuation = tuple(tokens[start : start + max_len])
+    return count_paths(tuple(tokens[start : start + max_len]) for start in starts)
+
+
+def count_paths(
+    continuations: Iterable[tuple[int, ...]], counts: dict[tuple[int, ...], int] | None = None
+) -> dict[tuple[int, ...], int]:
+    """How many continuations start with each path (added to `counts` when given).
+    Example: [(1, 2), (1, 3)] -> {(1,): 2, (1, 2): 1, (1, 3): 1}."""
+    counts = {} if counts is None else counts
+    for continuation in continuations:
         for depth in range(1, len(continuation) + 1):
             path = continuation[:depth]
             counts[path] = counts.get(path, 0) + 1

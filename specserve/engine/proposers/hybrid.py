@@ -22,6 +22,7 @@ from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy
 from specserve.engine.proposers.continuations import (
     CountsConfig,
     continuation_counts,
+    count_paths,
     path_log_scores,
 )
 from specserve.engine.proposers.draft_budget import chain_prefix, keep_count, relative_at
@@ -131,6 +132,8 @@ class HybridProposer:
         self._drafter_s = 0.0  # the drafter's seconds in the last propose (0: it did not run)
         self._eagle_rows_share = 0.0  # the share of the last verify's cost EAGLE's rows made
         self._step_end: float | None = None  # when the last propose returned
+        self._output_id = self.pool.outputs.new_id()  # this request's output in the index
+        self._indexed = len(ctx.prompt_ids)  # tokens[: _indexed] are prompt or indexed output
 
     def propose(self, tokens: list[int]) -> Draft:
         self._proposed_at = len(tokens)
@@ -181,15 +184,27 @@ class HybridProposer:
         return chains
 
     def _add_continuations(self, trie: _Trie, tokens: list[int], counts: CountsConfig) -> None:
-        """Every suffix length's continuation trie, merged (a node keeps its best score)."""
+        """Every suffix length's continuation trie, counted over this request's context and the
+        variant's other recent outputs, merged (a node keeps its best score). A node no
+        continuation of the context reached is the variant's ("pool")."""
         cfg = self.prompt.config
         for n in range(min(cfg.max_ngram, len(tokens)), cfg.min_ngram - 1, -1):
             starts = self.prompt.starts(tokens, n, counts.recent)
-            found = continuation_counts(tokens, starts, counts.max_len)
+            own = continuation_counts(tokens, starts, counts.max_len)
+            others = (
+                self.pool.outputs.continuations(
+                    tokens[-n:], counts.recent_outputs, counts.max_len, skip=self._output_id
+                )
+                if counts.recent_outputs
+                else []
+            )
+            found = count_paths(others, dict(own))
             node_of: dict[tuple[int, ...], int] = {}
-            for path, score in path_log_scores(found, len(starts), counts.alpha(n)).items():
+            occurrences = len(starts) + len(others)
+            for path, score in path_log_scores(found, occurrences, counts.alpha(n)).items():
                 parent = node_of[path[:-1]] if len(path) > 1 else -1
-                node_of[path] = trie.add(parent, path[-1], score, f"prompt:{n}")
+                owner = f"prompt:{n}" if path in own else "pool"
+                node_of[path] = trie.add(parent, path[-1], score, owner)
 
     def _extend(self, chain: list[int], key_len: int) -> list[int]:
         """A pool chain lengthened by looking its own tail up, up to `pool_draft_len` tokens."""
@@ -256,6 +271,8 @@ class HybridProposer:
         if draft.aux is not None and self.config.relative_cost:
             self._price_window(draft, accepted, from_pool)
         self.lookahead.observe(draft, aux_tokens, tokens)  # no window: feeds the pool only
+        self.pool.outputs.extend(self._output_id, tokens[self._indexed :])
+        self._indexed = len(tokens)
 
     def _rows_share(self, draft: Draft, owner: str) -> float:
         """The share of this verify's cost (on the cost curve) that `owner`'s kept nodes added;

@@ -11,6 +11,7 @@ import pytest
 from specserve.engine.proposers.continuations import (
     CountsConfig,
     continuation_counts,
+    count_paths,
     path_log_scores,
 )
 from specserve.engine.proposers.prompt_lookup import PromptLookupConfig, PromptLookupProposer
@@ -24,6 +25,8 @@ def test_worked_examples():
     assert scores[(1,)] == pytest.approx(math.log(2 / 3))
     assert scores[(1, 2)] == scores[(1, 3)] == pytest.approx(math.log(2 / 3 * 1 / 3))
     assert [CountsConfig(smoothing=2).alpha(n) for n in (1, 2, 3)] == [2.0, 1.0, 0.5]
+    assert count_paths([(1, 2), (1, 3)]) == {(1,): 2, (1, 2): 1, (1, 3): 1}
+    assert count_paths([(1, 2)], {(1,): 2, (1, 3): 1}) == {(1,): 3, (1, 2): 1, (1, 3): 1}
 
 
 def test_prompt_lookup_starts_example():

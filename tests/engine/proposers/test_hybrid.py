@@ -73,6 +73,32 @@ def test_counts_prefer_the_continuation_seen_most_often():
     assert measured.propose(prompt).tree.tokens == (5,)
 
 
+def test_a_request_counts_what_followed_in_the_variants_other_outputs():
+    pool = NGramPool()
+    first = _proposer([1, 2, 3], pool)
+    first.observe(first.propose([1, 2, 3]), [], [1, 2, 3, 40, 41, 42, 43])  # its output, indexed
+    second = _proposer([9, 40], pool, pool_guesses=0)
+    draft = second.propose([9, 40])
+    assert (41, 42, 43) in _paths(draft.tree)  # 40 was followed by 41 42 43 in that output
+    second.observe(draft, [], [9, 40, 41, 42, 99])
+    assert second.accepted_by_source == {"eagle": 0, "prompt": 0, "pool": 2}
+    alone = _proposer([9, 40], pool, pool_guesses=0, counts={"recent_outputs": 0})
+    assert not alone.propose([9, 40]).tree  # its own context has no earlier 40
+
+
+def test_requests_sharing_a_variants_pool_equal_ar(drafting_engine):
+    engine = drafting_engine()
+    pool = NGramPool()
+    rng = random.Random(7)
+    segment = [rng.randrange(96) for _ in range(12)]
+    params = SamplingParams(max_new_tokens=30, ignore_eos=True)
+    for i in range(4):
+        prompt = segment[i:] + segment[:i] + [rng.randrange(96)]
+        got = engine.generate(prompt, params, "hybrid", {"use_drafter": False}, pool=pool)
+        assert got.output_ids == engine.generate(prompt, params).output_ids, i
+    assert len(pool.outputs) == 4
+
+
 def test_observe_learns_per_source_and_attributes():
     pool = NGramPool()
     prompt = [1, 2, 3, 4, 9, 1]
