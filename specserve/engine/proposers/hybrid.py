@@ -3,10 +3,11 @@ a drafter is given), prompt-lookup matches over prompt + output, and the variant
 (fed by a Lookahead window) — merged into one trie under one token budget.
 
 Every node is scored as the probability that verification accepts it: EAGLE's path confidence;
-for the context's continuations, how often each followed the recent occurrences of the matched
-suffix (continuations.py); for a pool chain (or, without counts, a prompt match), the product of
-its source's measured per-depth acceptance (`MatchStats`, shared per variant). Nodes are kept best first; with the device's cost
-curve the number kept maximizes expected tokens per step over the step's cost.
+for a continuation, how often it followed the recent occurrences of the matched suffix in the
+context and the variant's other outputs (continuations.py, output_index.py); for a pool chain
+(or, without counts, a prompt match), the product of its source's measured per-depth acceptance
+(`MatchStats`, shared per variant). Nodes are kept best first; with the device's cost curve the
+number kept maximizes expected tokens per step over the step's cost.
 """
 
 from __future__ import annotations
