@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel
 
-from specserve.engine import hf_internals, row_tiles
+from specserve.engine import hf_internals, kernels, row_tiles
 
 # the row counts a forward may have: 1..16 and the batched / prefill widths up to a 512 chunk
 PROBED_ROWS = (*range(1, 18), 24, 31, 32, 33, 48, 63, 64, 65, 96, 128, 192, 256, 320, 384, 512)
@@ -70,7 +70,12 @@ def _probe(linears, attention, windowed, dtype, device, threads, version):
         worst = next(s for s in linears if first_variant_rows(*s, dt, _upto(TILES[-1])))
         reason = f"{dtype} F.linear {worst[0]}->{worst[1]} is not row-invariant here, even in tiles"
         return InvarianceReport(invariant=False, reason=reason, **where)
-    if not attention_invariant(*attention, dt):
+    try:
+        same = attention_invariant(*attention, dt)
+    except kernels.KernelUnavailable as unavailable:
+        reason = f"no tail-attention kernel here: {unavailable}"
+        return InvarianceReport(invariant=False, reason=reason, **where)
+    if not same:
         reason = f"{dtype} position-invariant attention differs between layouts here"
         return InvarianceReport(invariant=False, reason=reason, **where)
     rows = f"in row tiles of {tile}" if tile else f"to {PROBED_ROWS[-1]} rows"

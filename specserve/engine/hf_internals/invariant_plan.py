@@ -1,6 +1,6 @@
 """The plan (layout) of a position-invariant forward (`invariant`), built once per forward: each query
-row's split point S(t), the flash calls over keys [0, S) and where its keys [S, t] sit (in place:
-`TailWindows`; or gathered per row, e.g. a tree's branches)."""
+row's split point S(t), the flash calls over keys [0, S) and the columns its keys [S, t] sit at
+(S..t for a chain or a decode step; a tree's branches elsewhere)."""
 
 from __future__ import annotations
 
@@ -26,21 +26,6 @@ def split_point(positions):
 
 
 @dataclass(frozen=True)
-class TailWindows:
-    """The tails of a forward where every query row's keys [S, t] sit at columns S..t of its
-    batch row (column = position: a chain, a decode step): one flash entry per (batch row, S)
-    reads the TAIL columns from S in place, with the query rows of that S (its members: m rows
-    at most, G m head rows, the last member repeated as padding)."""
-
-    batch: list[int]  # [E] batch row of each entry, entries sorted by (batch row, S)
-    start: list[int]  # [E] its S
-    mask: torch.Tensor  # [E, 1, window_rows, TAIL] additive: a member keeps slots 0..t - S
-    source: torch.Tensor | None  # [E window_rows] folded query row (b head_rows + g q + i) of each
-    back: torch.Tensor | None  # [b G q] entry row (e window_rows + g m + j) of each query row
-    views: dict = field(default_factory=dict)  # cache geometry -> its windows view (`tail_windows`)
-
-
-@dataclass(frozen=True)
 class InvariantLayout:
     """What every attention layer of one forward needs, built once (`layout`); G query heads
     share a key/value head, and a batch row's G * q query rows are head-major (g * q + i).
@@ -54,12 +39,10 @@ class InvariantLayout:
         tuple[int, int, int]
     ]  # (first, end, width): batch rows [first, end) in one call
     flash_mask: list[torch.Tensor | None]  # per call: [end - first, 1, head_rows, width] additive
-    keyless: torch.Tensor | None  # [b, 1, 1, q] rows without keys before S (None: no such row)
-    windows: TailWindows | None = None
-    tail_batch: torch.Tensor | None = None  # [R] batch row of each query row
-    tail_columns: torch.Tensor | None = None  # [R, TAIL] key columns of positions S..t (0-padded)
-    tail_mask: torch.Tensor | None = None  # [R, 1, G', TAIL] additive: slots past t masked
-    gather_index: dict = field(default_factory=dict)  # (strides) -> flat index (`_gather`)
+    keyless: torch.Tensor | None  # [b, 1, head_rows] rows without keys before S (None: none)
+    tail_columns: torch.Tensor  # [R, TAIL] int32 key columns of positions S..t (0-padded)
+    tail_counts: torch.Tensor  # [R] int32: t - S + 1 keys each
+    kernel_args: dict = field(default_factory=dict)  # geometry -> the tail kernel's ints
 
 
 def flash_calls(widths: list[int], head_rows: int) -> list[tuple[int, int, int]]:
@@ -120,10 +103,10 @@ def layout(
             f"a query row attends {int(counts.max())} keys past its split point; the invariant "
             f"attention takes at most {TAIL} (drafts up to {DEPTH} positions deep)"
         )
-    if np.array_equal(tail, from_split & (column <= positions[..., None])):
-        tails = {"windows": _windows(split, positions, heads_per_kv, head_rows, dtype, device)}
+    if np.array_equal(tail, from_split & (column <= positions[..., None])):  # in place
+        at = (split.reshape(-1, 1) + np.arange(TAIL)[None, :]).clip(max=columns - 1)
     else:
-        tails = _gathered(tail, counts, heads_per_kv, dtype, device)
+        at = _gathered(tail)
     covered = np.zeros(b, dtype=bool)
     for a, e, _ in calls:
         covered[a:e] = True
@@ -134,77 +117,30 @@ def layout(
         head_rows=head_rows,
         flash_calls=calls,
         flash_mask=masks,
-        keyless=torch.from_numpy(keyless)[:, None, None, :].to(device) if keyless.any() else None,
-        **tails,
+        keyless=_head_major(keyless, heads_per_kv, head_rows, device) if keyless.any() else None,
+        tail_columns=torch.from_numpy(at.astype(np.int32)).to(device),
+        tail_counts=torch.from_numpy(counts.reshape(-1).astype(np.int32)).to(device),
     )
 
 
-def _windows(split, positions, group: int, head_rows: int, dtype, device) -> TailWindows:
-    """One entry per (batch row, S) holding the query rows of that S, each keeping slots
-    0..t - S; with one S per batch row the entries are the folded query as it is (no copies).
-    Example: one batch row, positions [300, 301] -> one entry (0, 256), rows keeping slots 0..44
-    and 0..45; positions [62, 63, 64, 65] -> entries (0, 0) and (0, 32), two members each."""
-    b, q = split.shape
-    span = int(split.max()) + 1
-    unique, entry_of = np.unique(np.arange(b)[:, None] * span + split, return_inverse=True)
-    batch, start = unique // span, unique % span  # [E]
-    if len(unique) == b:  # every batch row one entry, all its rows members, in place
-        mask = _tail_mask(positions - start[:, None], group, head_rows, dtype, device)
-        return TailWindows(batch.tolist(), start.tolist(), mask, source=None, back=None)
-    entry_of = entry_of.reshape(-1)  # [b q]
-    members = [np.flatnonzero(entry_of == e) for e in range(len(unique))]  # flat rows b q + i
-    m = max(len(rows) for rows in members)
-    window_rows = _head_rows(group, m)
-    slot = np.stack([np.pad(rows, (0, m - len(rows)), mode="edge") for rows in members])  # [E, m]
-    mask = _tail_mask(
-        positions.reshape(-1)[slot] - start[:, None], group, window_rows, dtype, device
-    )
-    row, i = np.divmod(slot, q)  # [E, m]
-    source = (row * head_rows)[:, None] + (np.arange(group) * q)[None, :, None] + i[:, None]
-    source = source.reshape(len(unique), group * m)  # [E, G m], head-major like the fold
-    if window_rows > group * m:
-        source = np.concatenate([source, source[:, :1]], axis=1)
-    rank = np.zeros(b * q, dtype=np.int64)  # j: a row's place among its entry's members
-    for rows in members:
-        rank[rows] = np.arange(len(rows))
-    back = entry_of.reshape(b, 1, q) * window_rows + np.arange(group)[None, :, None] * m
-    back = back + rank.reshape(b, 1, q)  # [b, G, q]
-    return TailWindows(
-        batch.tolist(),
-        start.tolist(),
-        mask,
-        source=torch.from_numpy(source.reshape(-1)).to(device),
-        back=torch.from_numpy(back.reshape(-1)).to(device),
-    )
+def _head_major(rows: np.ndarray, group: int, head_rows: int, device) -> torch.Tensor:
+    """[b, q] per query row -> [b, 1, head_rows]: head-major (g q + i), the padding row last."""
+    tiled = np.tile(rows, (1, group))  # [b, G q]
+    if head_rows > tiled.shape[1]:
+        tiled = np.concatenate([tiled, tiled[:, :1]], axis=1)
+    return torch.from_numpy(tiled)[:, None, :].to(device)
 
 
-def _tail_mask(limit, group: int, rows: int, dtype, device) -> torch.Tensor:
-    """[n, 1, rows, TAIL] additive: member j of entry e keeps slots 0..limit[e, j] (head-major
-    G x m rows, then a padding row where `rows` has one)."""
-    keep = np.arange(TAIL)[None, None, :] <= limit[..., None]  # [n, m, TAIL]
-    keep = np.tile(keep, (1, group, 1))  # [n, G m, TAIL]
-    if rows > keep.shape[1]:
-        keep = np.concatenate([keep, keep[:, :1]], axis=1)
-    return _additive(keep, dtype, device)[:, None]
-
-
-def _gathered(tail, counts, group: int, dtype, device) -> dict:
-    """The per-row tail (rows whose keys past S are not in place, e.g. a tree's branches): the
-    columns of positions S..t in order, one flash entry per query row."""
+def _gathered(tail: np.ndarray) -> np.ndarray:
+    """[R, TAIL] per query row the columns its keys past S sit at (`tail` [b, q, columns]), in
+    column (= position) order, 0-padded: the layout of rows whose keys are not in place (a
+    tree's branches)."""
     b, q, _ = tail.shape
-    counts = counts.reshape(-1)  # [R]
     order = np.argsort(~tail.reshape(b * q, -1), axis=1, kind="stable")
     columns = order[:, :TAIL]  # allowed columns first, in column (= position) order
     columns = np.pad(columns, ((0, 0), (0, TAIL - columns.shape[1])))  # short caches
-    slots = np.arange(TAIL)[None, :] < counts[:, None]  # [R, TAIL]
-    columns = np.where(slots, columns, 0)
-    group = max(group, 2)  # the flash kernel's lone-row path again: never one query row
-    tail_mask = _additive(slots, dtype, device)[:, None, None, :].expand(-1, 1, group, -1)
-    return {
-        "tail_batch": torch.arange(b).repeat_interleave(q).to(device),
-        "tail_columns": torch.from_numpy(columns).to(device),
-        "tail_mask": tail_mask.contiguous(),
-    }
+    slots = np.arange(TAIL)[None, :] < tail.reshape(b * q, -1).sum(axis=1)[:, None]
+    return np.where(slots, columns, 0)
 
 
 def _flash_mask(allowed, split, width: int, group: int, head_rows: int, dtype, device):

@@ -1,0 +1,149 @@
+"""The tail kernel (`kernels/tail_attention.c`): each query vector's softmax over its own tail keys
+merged with its flash partial equals a slow float64 reference; a row's bits do not depend on the
+rows beside it (lanes, unions, threads); the build is cached and a missing compiler is reported."""
+
+from __future__ import annotations
+
+import ctypes
+import random
+
+import pytest
+import torch
+
+from specserve.engine import kernels
+from specserve.engine.forward import invariance
+from specserve.engine.hf_internals import invariant, invariant_plan
+
+GROUP, KV_HEADS, D = 3, 2, 32
+
+
+def _case(gen, dtype, tails: list[list[int]], columns: int, flash_keys: list[int]):
+    """One batch row, one query row per entry of `tails` (its tail columns, ascending) and of
+    `flash_keys` (how many keys its flash partial covers, 0: none): query [1, H, q, d], keys and
+    values [1, KVH, columns, d], the partials from a float64 reference over columns [0, n)."""
+    q = len(tails)
+    query = torch.randn(1, GROUP * KV_HEADS, q, D, generator=gen).to(dtype)
+    keys = torch.randn(1, KV_HEADS, columns, D, generator=gen).to(dtype)
+    values = torch.randn(1, KV_HEADS, columns, D, generator=gen).to(dtype)
+    rows = GROUP * q  # head-major: row g q + i
+    flash_out = torch.zeros(1, KV_HEADS, rows, D, dtype=dtype)
+    flash_lse = torch.full((1, KV_HEADS, rows), -torch.inf)
+    for i, n in enumerate(flash_keys):
+        if not n:
+            continue
+        for h in range(KV_HEADS):
+            for g in range(GROUP):
+                out, lse = _softmax(query[0, h * GROUP + g, i], keys[0, h, :n], values[0, h, :n])
+                flash_out[0, h, g * q + i], flash_lse[0, h, g * q + i] = out.to(dtype), lse
+    return query, keys, values, flash_out, flash_lse
+
+
+def _softmax(query, keys, values, scale=0.25):
+    scores = keys.double() @ query.double() * scale  # [n]
+    return scores.softmax(0) @ values.double(), scores.logsumexp(0)
+
+
+def _layout(tails: list[list[int]]):
+    """A stand-in layout carrying only what the kernel reads."""
+    columns = torch.zeros(len(tails), invariant_plan.TAIL, dtype=torch.int32)
+    for r, cols in enumerate(tails):
+        columns[r, : len(cols)] = torch.tensor(cols)
+    counts = torch.tensor([len(c) for c in tails], dtype=torch.int32)
+
+    class Layout:
+        tail_columns, tail_counts, kernel_args = columns, counts, {}
+
+    return Layout()
+
+
+def _run(query, keys, values, flash_out, flash_lse, tails):
+    out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], D)
+    invariant.tail_attention(query, keys, values, flash_out, flash_lse, out, _layout(tails), 0.25)
+    return out  # [1, q, H, d]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_merge_equals_a_float64_softmax_over_every_key(dtype):
+    """Rows with a flash partial over [0, 64) and a tail from 64 on, a row with no flash keys,
+    a tree row whose tail skips a sibling's column."""
+    gen = torch.Generator().manual_seed(0)
+    tails = [list(range(64, 90)), list(range(64, 91)), list(range(20)), [64, 65, 67, 90]]
+    flash = [64, 64, 0, 64]
+    query, keys, values, flash_out, flash_lse = _case(gen, dtype, tails, 100, flash)
+    got = _run(query, keys, values, flash_out, flash_lse, tails)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for i, (cols, n) in enumerate(zip(tails, flash, strict=True)):
+        every = list(range(n)) + cols
+        for h in range(KV_HEADS):
+            for g in range(GROUP):
+                want, _ = _softmax(
+                    query[0, h * GROUP + g, i], keys[0, h, every], values[0, h, every]
+                )
+                assert torch.allclose(got[0, i, h * GROUP + g].double(), want, atol=tol), (i, h, g)
+
+
+def test_worked_example_one_key_and_an_empty_partial():
+    """One tail key and no flash keys: the output is that key's value exactly."""
+    query = torch.ones(1, GROUP, 1, D)
+    keys, values = (
+        torch.zeros(1, 1, 5, D),
+        torch.arange(5 * D, dtype=torch.float32).view(1, 1, 5, D),
+    )
+    flash_out, flash_lse = torch.zeros(1, 1, GROUP, D), torch.full((1, 1, GROUP), -torch.inf)
+    out = query.new_empty(1, 1, GROUP, D)
+    invariant.tail_attention(query, keys, values, flash_out, flash_lse, out, _layout([[3]]), 1.0)
+    assert torch.equal(out[0, 0], values[0, 0, 3].expand(GROUP, D))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_gives_the_same_bits_beside_any_rows(dtype):
+    """Row 0 alone, then beside 1..40 other rows (other lanes, other unions: 40 rows of 64
+    columns outgrow one union), on one thread and on two: bit-identical."""
+    gen = torch.Generator().manual_seed(3)
+    rng = random.Random(3)
+    columns = 600
+    mine = sorted(rng.sample(range(columns), 50))
+    query, keys, values, flash_out, flash_lse = _case(gen, dtype, [mine], columns, [0])
+    alone = _run(query, keys, values, flash_out, flash_lse, [mine])[0, 0]
+    for others in (1, 7, 40):
+        tails = [mine] + [sorted(rng.sample(range(columns), 64)) for _ in range(others)]
+        q = len(tails)
+        many_q = torch.randn(1, GROUP * KV_HEADS, q, D, generator=gen).to(dtype)
+        many_q[:, :, 0] = query[:, :, 0]
+        fo = torch.zeros(1, KV_HEADS, GROUP * q, D, dtype=dtype)
+        fl = torch.full((1, KV_HEADS, GROUP * q), -torch.inf)
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            try:
+                together = _run(many_q, keys, values, fo, fl, tails)[0, 0]
+            finally:
+                torch.set_num_threads(2)
+            assert torch.equal(together, alone), (others, threads)
+
+
+def test_the_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    cc = kernels.compiler()
+    built = kernels.build(cc)
+    assert built == kernels.library_path(cc) and built.parent == tmp_path / "kernels"
+    stamp = built.stat().st_mtime_ns
+    assert kernels.build(cc) == built and built.stat().st_mtime_ns == stamp  # not rebuilt
+    library = ctypes.CDLL(str(built))
+    assert library.tail_attention
+
+
+def test_a_missing_compiler_is_reported(monkeypatch):
+    monkeypatch.setattr(kernels.shutil, "which", lambda name: None)
+    with pytest.raises(kernels.KernelUnavailable, match="no C compiler"):
+        kernels.compiler()
+
+
+def test_the_probe_says_invariant_false_without_the_kernel(monkeypatch):
+    def unavailable():
+        raise kernels.KernelUnavailable("no C compiler (cc, gcc or clang) on PATH")
+
+    monkeypatch.setattr(kernels, "tail_kernel", unavailable)
+    report = invariance._probe.__wrapped__(
+        ((16, 16),), (4, 2, 16), False, "torch.bfloat16", "cpu", 2, torch.__version__
+    )
+    assert not report.invariant and "no tail-attention kernel" in report.reason
