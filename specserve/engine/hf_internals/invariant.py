@@ -118,7 +118,7 @@ def _kernel_args(query, key, value, flash_out, flash_lse, layout):
 
 
 _ELEMENT = {torch.bfloat16: 1, torch.float32: 0}
-PARALLEL_ITEMS = 8  # (query row, kv head) items from which the tail kernel runs on every thread
+PARALLEL_ITEMS = 2  # (query row, kv head) items from which the tail kernel runs on every thread
 
 
 def _flash_part(folded, key, value, layout: InvariantLayout, scaling):

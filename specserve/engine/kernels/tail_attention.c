@@ -67,6 +67,22 @@ static inline void to_float(const void *src, float *dst, int d, int bf16) {
     for (int c = 0; c < d; c++) bits[c] = (uint32_t)half[c] << 16;
 }
 
+/* d float32 values into a bfloat16 (`bf16`, rounded to nearest even, NaN kept a quiet NaN) or
+ * float32 array. */
+static inline void from_float(const float *src, void *dst, int d, int bf16) {
+    if (!bf16) {
+        memcpy(dst, src, (size_t)d * sizeof(float));
+        return;
+    }
+    const uint32_t *bits = (const uint32_t *)src;
+    uint16_t *half = dst;
+    for (int c = 0; c < d; c++) {
+        uint32_t x = bits[c];
+        uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+        half[c] = (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : rounded);
+    }
+}
+
 typedef float vf __attribute__((vector_size(LANES * sizeof(float)))); /* one lane a query vector */
 typedef int32_t vi __attribute__((vector_size(LANES * sizeof(int32_t))));
 
@@ -103,9 +119,9 @@ typedef struct {
     int32_t column[MAX_UNION];
 } Union;
 
-/* Add a row's columns (sorted) to `u`; 0 where the union would outgrow MAX_UNION. */
-static int union_add(Union *u, const int32_t *cols, int count) {
-    int32_t merged[MAX_UNION];
+/* `into` = `u` with a row's columns (sorted) added; 0 (and `into` undefined) where the union would
+ * outgrow MAX_UNION. */
+static int union_add(const Union *u, const int32_t *cols, int count, Union *into) {
     int a = 0, b = 0, n = 0;
     while (a < u->count || b < count) {
         int take_u = b >= count || (a < u->count && u->column[a] <= cols[b]);
@@ -113,10 +129,9 @@ static int union_add(Union *u, const int32_t *cols, int count) {
         if (a < u->count && u->column[a] == next) a++;
         if (b < count && cols[b] == next) b++;
         if (n == MAX_UNION) return 0;
-        merged[n++] = next;
+        into->column[n++] = next;
     }
-    memcpy(u->column, merged, n * sizeof(int32_t));
-    u->count = n;
+    into->count = n;
     return 1;
 }
 
@@ -130,20 +145,17 @@ typedef struct {
     float scale;
 } Args;
 
-/* Scores [U] per lane: q . k over c in order (four keys at a time), -inf where not kept. */
+/* Scores [U] per lane: q . k over c in order (eight keys at a time: eight independent sums keep
+ * both FMA ports busy), -inf where the lane's row does not read the key. */
 static void scores(const vf *qt, const float *keys, const vi *keep, int U, int d, float scale,
                    vf *score) {
     int x = 0;
-    for (; x + 4 <= U; x += 4) {
-        vf s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    for (; x + 8 <= U; x += 8) {
+        vf s[8] = {{0}};
         const float *k0 = keys + x * d;
-        for (int c = 0; c < d; c++) {
-            s0 += qt[c] * k0[c];
-            s1 += qt[c] * k0[d + c];
-            s2 += qt[c] * k0[2 * d + c];
-            s3 += qt[c] * k0[3 * d + c];
-        }
-        score[x] = s0, score[x + 1] = s1, score[x + 2] = s2, score[x + 3] = s3;
+        for (int c = 0; c < d; c++)
+            for (int j = 0; j < 8; j++) s[j] += qt[c] * k0[j * d + c];
+        for (int j = 0; j < 8; j++) score[x + j] = s[j];
     }
     for (; x < U; x++) {
         vf s0 = {0};
@@ -195,44 +207,49 @@ static void lanes(const Args *a, long b, int h, const Union *u, const float *key
         float hi = flash_lse > tail_lse ? flash_lse : tail_lse;
         float wf = exp_nonpositive(flash_lse - hi), wt = exp_nonpositive(tail_lse - hi);
         float norm = 1.0f / (wf + wt), tail_w = wt / total[l];
-        const char *fo = a->fo + size * (b * a->fo_stride[0] + h * a->fo_stride[1] + at * a->fo_stride[2]);
-        long head_at = (b * a->queries + i) * a->heads + (long)h * a->group + head[l];
-        char *out = a->out + size * head_at * d;
-        for (int c = 0; c < d; c++) {
-            float flash = wf > 0.0f ? load(fo, c, a->bf16) : 0.0f;
-            store(out, c, (wf * flash + tail_w * acc[c][l]) * norm, a->bf16);
+        float merged[MAX_D], flash[MAX_D];
+        for (int c = 0; c < d; c++) merged[c] = tail_w * acc[c][l];
+        if (wf > 0.0f) { /* a row without flash keys has no partial to read */
+            long fo_at = b * a->fo_stride[0] + h * a->fo_stride[1] + at * a->fo_stride[2];
+            to_float(a->fo + size * fo_at, flash, d, a->bf16);
+            for (int c = 0; c < d; c++) merged[c] += wf * flash[c];
         }
+        for (int c = 0; c < d; c++) merged[c] *= norm;
+        long head_at = (b * a->queries + i) * a->heads + (long)h * a->group + head[l];
+        from_float(merged, a->out + size * head_at * d, d, a->bf16);
     }
 }
 
-/* Batch row b, kv head h: its query rows in runs whose union fits, each run in lane blocks. */
-static void batch_head(const Args *a, long b, int h) {
+/* Batch row b, kv head h, its query rows [from, to): in runs whose union fits, each run in lane
+ * blocks. */
+static void batch_head(const Args *a, long b, int h, int from, int to) {
     static __thread float keys[MAX_UNION * MAX_D], values[MAX_UNION * MAX_D];
     long size = a->bf16 ? 2 : 4;
     const char *k = a->k + size * (b * a->k_stride[0] + h * a->k_stride[1]);
     const char *v = a->v + size * (b * a->v_stride[0] + h * a->v_stride[1]);
-    int first = 0;
-    while (first < a->queries) {
-        Union u = {0};
+    Union both[2];
+    int first = from;
+    while (first < to) {
+        Union *u = &both[0], *grown = &both[1], *swap;
+        u->count = 0;
         int end = first;
-        while (end < a->queries) {
+        while (end < to) {
             long r = b * a->queries + end;
-            Union grown = u;
-            if (!union_add(&grown, a->cols + r * a->width, a->counts[r])) break;
-            u = grown;
+            if (!union_add(u, a->cols + r * a->width, a->counts[r], grown)) break;
+            swap = u, u = grown, grown = swap;
             end++;
         }
-        for (int x = 0; x < u.count; x++) {
-            to_float(k + size * u.column[x] * a->k_stride[2], keys + x * a->d, a->d, a->bf16);
-            to_float(v + size * u.column[x] * a->v_stride[2], values + x * a->d, a->d, a->bf16);
+        for (int x = 0; x < u->count; x++) {
+            to_float(k + size * u->column[x] * a->k_stride[2], keys + x * a->d, a->d, a->bf16);
+            to_float(v + size * u->column[x] * a->v_stride[2], values + x * a->d, a->d, a->bf16);
         }
         int row[LANES], head[LANES], n = 0;
         for (int i = first; i < end; i++)
             for (int g = 0; g < a->group; g++) {
                 row[n] = b * a->queries + i, head[n] = g, n++;
-                if (n == LANES) lanes(a, b, h, &u, keys, values, row, head, n), n = 0;
+                if (n == LANES) lanes(a, b, h, u, keys, values, row, head, n), n = 0;
             }
-        if (n) lanes(a, b, h, &u, keys, values, row, head, n);
+        if (n) lanes(a, b, h, u, keys, values, row, head, n);
         first = end;
     }
 }
@@ -250,8 +267,14 @@ int tail_attention(void *const *ptrs, const long *ints, float scale) {
               shape[3] / shape[4], shape[5], shape[6], scale};
     int batch = shape[0] / shape[2], kv_heads = shape[4], threads = shape[7];
     if (a.d > MAX_D || a.d % LANES || a.width > MAX_TAIL) return 1;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (threads > 1)
+    int chunk = a.group >= 2 * LANES ? 1 : 2 * LANES / a.group; /* rows a task: two lane blocks */
+    int chunks = (a.queries + chunk - 1) / chunk;
+#pragma omp parallel for collapse(3) schedule(static) num_threads(threads) if (threads > 1)
     for (int b = 0; b < batch; b++)
-        for (int h = 0; h < kv_heads; h++) batch_head(&a, b, h);
+        for (int h = 0; h < kv_heads; h++)
+            for (int j = 0; j < chunks; j++) {
+                int to = (j + 1) * chunk < a.queries ? (j + 1) * chunk : a.queries;
+                batch_head(&a, b, h, j * chunk, to);
+            }
     return 0;
 }
