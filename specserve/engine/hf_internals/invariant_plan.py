@@ -22,6 +22,8 @@ class DraftTooDeep(ValueError):
 def split_point(positions):
     """S(t) per query position (same shape; a tensor or a numpy array). Example:
     [0, 40, 63, 64, 100, 500] -> [0, 0, 0, 32, 64, 448]."""
+    if isinstance(positions, np.ndarray):  # np.maximum: a tenth of `clip`'s cost
+        return (np.maximum(positions - DEPTH, 0) // BLOCK) * BLOCK
     return ((positions - DEPTH).clip(min=0) // BLOCK) * BLOCK
 
 
@@ -104,7 +106,7 @@ def layout(
             f"attention takes at most {TAIL} (drafts up to {DEPTH} positions deep)"
         )
     if np.array_equal(tail, from_split & (column <= positions[..., None])):  # in place
-        at = (split.reshape(-1, 1) + np.arange(TAIL)[None, :]).clip(max=columns - 1)
+        at = np.minimum(split.reshape(-1, 1) + np.arange(TAIL)[None, :], columns - 1)
     else:
         at = _gathered(tail)
     covered = np.zeros(b, dtype=bool)
