@@ -71,11 +71,11 @@ def _probe(linears, attention, windowed, dtype, device, threads, version):
         reason = f"{dtype} F.linear {worst[0]}->{worst[1]} is not row-invariant here, even in tiles"
         return InvarianceReport(invariant=False, reason=reason, **where)
     try:
-        same = attention_invariant(*attention, dt)
+        kernels.tail_kernel()
     except kernels.KernelUnavailable as unavailable:
         reason = f"no tail-attention kernel here: {unavailable}"
         return InvarianceReport(invariant=False, reason=reason, **where)
-    if not same:
+    if not attention_invariant(*attention, dt):
         reason = f"{dtype} position-invariant attention differs between layouts here"
         return InvarianceReport(invariant=False, reason=reason, **where)
     rows = f"in row tiles of {tile}" if tile else f"to {PROBED_ROWS[-1]} rows"
@@ -120,7 +120,15 @@ def _singles(in_f: int, out_f: int, dtype, top: int):
 
 def attention_invariant(heads: int, kv_heads: int, head_dim: int, dtype) -> bool:
     """One query's output over one prefix in three layouts: decoding alone, a tree row whose
-    ancestors sit after a masked sibling, and a batch row beside a longer row."""
+    ancestors sit after a masked sibling, and a batch row beside a longer row (False where the
+    tail kernel does not build or take these shapes)."""
+    try:
+        return _same_in_three_layouts(heads, kv_heads, head_dim, dtype)
+    except kernels.KernelUnavailable:
+        return False
+
+
+def _same_in_three_layouts(heads: int, kv_heads: int, head_dim: int, dtype) -> bool:
     gen = torch.Generator().manual_seed(0)
     length = 300  # positions 0..299; the query is position 299
     keys = torch.randn(1, kv_heads, length + 1, head_dim, generator=gen).to(dtype)
