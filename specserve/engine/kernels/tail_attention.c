@@ -11,51 +11,6 @@
 #define MAX_D 256
 #define MAX_TAIL 64
 
-static inline float bf16_to_f32(uint16_t x) {
-    uint32_t bits = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, NaN kept quiet */
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
-/* exp(x) for x <= 0 (and -inf -> 0): 2^n * p(r), |r| <= ln2 / 2, degree-6 polynomial. */
-static inline float exp_nonpositive(float x) {
-    if (x < -87.0f) return 0.0f;
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
-    float r = x - n * 0.693145751953125f - n * 1.428606765330187045e-06f;
-    float p = 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t e = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &e, 4);
-    return p * scale;
-}
-
-/* Element i of a bfloat16 (`bf16`) or float32 array. */
-static inline float load(const void *p, long i, int bf16) {
-    return bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
-static inline void store(void *p, long i, float x, int bf16) {
-    if (bf16)
-        ((uint16_t *)p)[i] = f32_to_bf16(x);
-    else
-        ((float *)p)[i] = x;
-}
-
 /* d elements of a bfloat16 (`bf16`) or float32 array as float32. */
 static inline void to_float(const void *src, float *dst, int d, int bf16) {
     if (!bf16) {
@@ -109,6 +64,9 @@ static inline vf exp_lanes(vf x, vf top) {
     vf scale = (vf)((__builtin_convertvector(m, vi) + 127) << 23);
     return select(keep, p * scale, splat(0.0f));
 }
+
+/* exp(x) for x <= 0 (-inf gives 0), as `exp_lanes` computes it. */
+static inline float exp_nonpositive(float x) { return exp_lanes(splat(x), splat(0.0f))[0]; }
 
 #define MAX_UNION 256
 
