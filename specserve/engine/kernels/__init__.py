@@ -18,6 +18,7 @@ from specserve.paths import default_cache_dir
 
 SOURCE = Path(__file__).with_name("tail_attention.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+SERIAL_FLAGS = tuple(f for f in FLAGS if f != "-fopenmp")  # a compiler without OpenMP: one thread
 LANES, MAX_HEAD_DIM = 8, 256  # tail_attention.c's LANES and MAX_D
 
 
@@ -33,34 +34,38 @@ def compiler() -> str:
     raise KernelUnavailable("no C compiler (cc, gcc or clang) on PATH; set CC to one")
 
 
-def library_path(cc: str) -> Path:
-    """Where the kernel built by `cc` for this CPU lives (the name hashes what shapes the code)."""
+def library_path(cc: str, flags: tuple[str, ...] = FLAGS) -> Path:
+    """Where the kernel built by `cc` with `flags` for this CPU lives (the name hashes what shapes
+    the code)."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False)
     parts = [
         SOURCE.read_bytes(),
         version.stdout.encode(),
         _cpu_flags().encode(),
-        *map(str.encode, FLAGS),
+        *map(str.encode, flags),
     ]
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     return default_cache_dir() / "kernels" / f"tail_attention-{key}.so"
 
 
 def build(cc: str) -> Path:
-    """The shared library, built once: concurrent builders each write their own file and rename
-    it into place."""
-    target = library_path(cc)
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / target.name
-        command = [cc, *FLAGS, str(SOURCE), "-o", str(built), "-lm"]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise KernelUnavailable(f"{cc} failed on {SOURCE.name}: {done.stderr[-2000:]}")
-        os.replace(built, target)
-    return target
+    """The shared library, built once (with OpenMP where the compiler has it, else serial):
+    concurrent builders each write their own file and rename it into place."""
+    failed = ""
+    for flags in (FLAGS, SERIAL_FLAGS):
+        target = library_path(cc, flags)
+        if target.exists():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            built = Path(tmp) / target.name
+            command = [cc, *flags, str(SOURCE), "-o", str(built), "-lm"]
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            if done.returncode == 0:
+                os.replace(built, target)
+                return target
+            failed = done.stderr[-2000:]
+    raise KernelUnavailable(f"{cc} failed on {SOURCE.name}: {failed}")
 
 
 @functools.cache

@@ -132,6 +132,34 @@ def test_the_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
     assert library.tail_attention
 
 
+def _fake_compiler(tmp_path, refuse: str) -> str:
+    """A cc that fails on any argument containing `refuse` and otherwise runs the real one."""
+    script = tmp_path / "fakecc"
+    real = kernels.compiler()
+    script.write_text(
+        "#!/bin/sh\n"
+        f'for a in "$@"; do case "$a" in *{refuse}*) echo "no {refuse} here" >&2; exit 1;; esac; done\n'
+        f'exec {real} "$@"\n'
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_a_compiler_without_openmp_builds_the_serial_kernel(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    cc = _fake_compiler(tmp_path, "fopenmp")
+    built = kernels.build(cc)
+    assert built == kernels.library_path(cc, kernels.SERIAL_FLAGS)
+    assert ctypes.CDLL(str(built)).tail_attention
+
+
+def test_a_failing_compiler_is_reported_with_its_words(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    cc = _fake_compiler(tmp_path, "tail_attention.c")
+    with pytest.raises(kernels.KernelUnavailable, match="no tail_attention.c here"):
+        kernels.build(cc)
+
+
 def test_a_missing_compiler_is_reported(monkeypatch):
     monkeypatch.setattr(kernels.shutil, "which", lambda name: None)
     with pytest.raises(kernels.KernelUnavailable, match="no C compiler"):
