@@ -14,8 +14,6 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from specserve.paths import default_cache_dir
-
 SOURCE = Path(__file__).with_name("tail_attention.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 SERIAL_FLAGS = tuple(f for f in FLAGS if f != "-fopenmp")  # a compiler without OpenMP: one thread
@@ -45,7 +43,7 @@ def library_path(cc: str, flags: tuple[str, ...] = FLAGS) -> Path:
         *map(str.encode, flags),
     ]
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
-    return default_cache_dir() / "kernels" / f"tail_attention-{key}.so"
+    return _cache_root() / "kernels" / f"tail_attention-{key}.so"
 
 
 def build(cc: str) -> Path:
@@ -81,6 +79,13 @@ def tail_kernel() -> ctypes.PyDLL:
     ]
     function.restype = ctypes.c_int
     return library
+
+
+def _cache_root() -> Path:
+    """$SPECSERVE_CACHE, else ~/.cache/specserve: the platform's cache rule (`specserve.paths`),
+    read here because the engine imports nothing outside itself."""
+    root = os.environ.get("SPECSERVE_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "specserve"
 
 
 def _cpu_flags() -> str:

@@ -10,9 +10,11 @@ import random
 import pytest
 import torch
 
+from specserve import paths
 from specserve.engine import kernels
 from specserve.engine.forward import invariance
 from specserve.engine.hf_internals import invariant, invariant_plan
+from specserve.env import EnvVar
 
 GROUP, KV_HEADS, D = 3, 2, 32
 
@@ -122,10 +124,11 @@ def test_a_row_gives_the_same_bits_beside_any_rows(dtype):
 
 
 def test_the_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    monkeypatch.setenv(EnvVar.CACHE, str(tmp_path))
     cc = kernels.compiler()
     built = kernels.build(cc)
-    assert built == kernels.library_path(cc) and built.parent == tmp_path / "kernels"
+    assert built == kernels.library_path(cc)
+    assert built.parent == paths.default_cache_dir() / "kernels"  # the platform's cache rule
     stamp = built.stat().st_mtime_ns
     assert kernels.build(cc) == built and built.stat().st_mtime_ns == stamp  # not rebuilt
     library = ctypes.CDLL(str(built))
@@ -146,7 +149,7 @@ def _fake_compiler(tmp_path, refuse: str) -> str:
 
 
 def test_a_compiler_without_openmp_builds_the_serial_kernel(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    monkeypatch.setenv(EnvVar.CACHE, str(tmp_path))
     cc = _fake_compiler(tmp_path, "fopenmp")
     built = kernels.build(cc)
     assert built == kernels.library_path(cc, kernels.SERIAL_FLAGS)
@@ -154,7 +157,7 @@ def test_a_compiler_without_openmp_builds_the_serial_kernel(tmp_path, monkeypatc
 
 
 def test_a_failing_compiler_is_reported_with_its_words(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    monkeypatch.setenv(EnvVar.CACHE, str(tmp_path))
     cc = _fake_compiler(tmp_path, "tail_attention.c")
     with pytest.raises(kernels.KernelUnavailable, match="no tail_attention.c here"):
         kernels.build(cc)
