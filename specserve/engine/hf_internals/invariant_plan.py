@@ -108,7 +108,7 @@ def layout(
     if np.array_equal(tail, from_split & (column <= positions[..., None])):  # in place
         at = np.minimum(split.reshape(-1, 1) + np.arange(TAIL)[None, :], columns - 1)
     else:
-        at = _gathered(tail)
+        at = _gathered(tail, counts)
     covered = np.zeros(b, dtype=bool)
     for a, e, _ in calls:
         covered[a:e] = True
@@ -133,15 +133,15 @@ def _head_major(rows: np.ndarray, group: int, head_rows: int, device) -> torch.T
     return torch.from_numpy(tiled)[:, None, :].to(device)
 
 
-def _gathered(tail: np.ndarray) -> np.ndarray:
-    """[R, TAIL] per query row the columns its keys past S sit at (`tail` [b, q, columns]), in
-    column (= position) order, 0-padded: the layout of rows whose keys are not in place (a
-    tree's branches)."""
+def _gathered(tail: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """[R, TAIL] per query row the columns its keys past S sit at (`tail` [b, q, columns], `counts`
+    [b, q] of them), in column (= position) order, 0-padded: the layout of rows whose keys are
+    not in place (a tree's branches)."""
     b, q, _ = tail.shape
     order = np.argsort(~tail.reshape(b * q, -1), axis=1, kind="stable")
     columns = order[:, :TAIL]  # allowed columns first, in column (= position) order
     columns = np.pad(columns, ((0, 0), (0, TAIL - columns.shape[1])))  # short caches
-    slots = np.arange(TAIL)[None, :] < tail.reshape(b * q, -1).sum(axis=1)[:, None]
+    slots = np.arange(TAIL)[None, :] < counts.reshape(-1, 1)
     return np.where(slots, columns, 0)
 
 

@@ -99,17 +99,20 @@ def test_worked_example_one_key_and_an_empty_partial():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_row_gives_the_same_bits_beside_any_rows(dtype):
-    """Row 0 alone, then beside 1..40 other rows (other lanes, other unions: 40 rows of 64
-    columns outgrow one union), on one thread and on two: bit-identical."""
+    """Row 0 alone, then beside 1, 7 and 40 other rows (other lanes, other tasks; with 40, the
+    first task's rows outgrow one union and run in two), on one thread and on two: bit-identical."""
     gen = torch.Generator().manual_seed(3)
     rng = random.Random(3)
-    columns = 600
+    columns = 2000
     mine = sorted(rng.sample(range(columns), 50))
     query, keys, values, flash_out, flash_lse = _case(gen, dtype, [mine], columns, [0])
     alone = _run(query, keys, values, flash_out, flash_lse, [mine])[0, 0]
     for others in (1, 7, 40):
         tails = [mine] + [sorted(rng.sample(range(columns), 64)) for _ in range(others)]
         q = len(tails)
+        chunk = 2 * kernels.LANES // GROUP  # rows a task takes (tail_attention.c)
+        first_task = set().union(*tails[:chunk])
+        assert others < chunk or len(first_task) > 256  # its union outgrows MAX_UNION: two runs
         many_q = torch.randn(1, GROUP * KV_HEADS, q, D, generator=gen).to(dtype)
         many_q[:, :, 0] = query[:, :, 0]
         fo = torch.zeros(1, KV_HEADS, GROUP * q, D, dtype=dtype)
