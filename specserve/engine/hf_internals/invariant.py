@@ -6,8 +6,9 @@ Each query row's keys split at S(t) = max(0, floor((t - DEPTH) / BLOCK) * BLOCK)
 t alone: keys [0, S) are the row's held columns 0..S-1 (position = column there), reduced by the
 flash kernel with the rest masked (a masked tail, measured invariant); keys [S, t] (at most TAIL
 of them: held columns and the row's own tree ancestors, `layout.tail_columns` in position order)
-go to the engine's tail kernel (`kernels`, C), which reduces each query vector over its own keys
-in a fixed order and merges the flash partial (output, log-sum-exp) in float32. Example: t = 100
+go to the engine's tail kernel (`kernels`, C), which folds them into each query vector's flash
+partial (output, log-sum-exp) in blocks of 32 positions from S, in float32 and a fixed order,
+every step a function of that vector's query and keys alone. Example: t = 100
 -> S = 64: columns 0..63 by the flash kernel, positions 64..100 by the tail kernel (whether they
 sit in the cache or in this forward's tree). The layout is built once a forward (`invariant_layout`).
 """

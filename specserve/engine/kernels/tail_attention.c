@@ -1,30 +1,224 @@
 /* Tail attention merged with a flash partial: for each query row r and head h, softmax attention
- * over the row's own key columns cols[r, 0..count[r]) (positions S..t in order), in float32 with a
- * fixed reduction order, merged with the flash kernel's partial over keys [0, S) (output and
- * log-sum-exp). A row's result depends on its query and its keys only, never on other rows: each
- * query vector is one lane of a vector, and the keys its row does not read add exact zeros. */
+ * over the row's own key columns cols[r, 0..count[r]) (positions S..t in order), folded into the
+ * flash kernel's partial over keys [0, S) (output and log-sum-exp) in blocks of BLOCK positions
+ * aligned to S, in float32 with a fixed reduction order. A query vector's arithmetic depends on
+ * its query, its partial and its keys only: never on the rows beside it, the slot it takes, the
+ * chunking or the thread count. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define LANES 8
+#define BLOCK 32
 #define MAX_D 256
 #define MAX_TAIL 64
+#define MAX_SPAN 256 /* columns a run of rows converts at once */
 
-/* d elements of a bfloat16 (`bf16`) or float32 array as float32. */
-static inline void to_float(const void *src, float *dst, int d, int bf16) {
-    if (!bf16) {
-        memcpy(dst, src, (size_t)d * sizeof(float));
-        return;
-    }
-    const uint16_t *half = src;
-    uint32_t *bits = (uint32_t *)dst;
-    for (int c = 0; c < d; c++) bits[c] = (uint32_t)half[c] << 16;
+typedef float vf __attribute__((vector_size(LANES * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(LANES * sizeof(int32_t))));
+
+static inline vf splat(float x) { return (vf){0} + x; }
+
+static inline vf load(const float *p) {
+    vf x;
+    memcpy(&x, p, sizeof x);
+    return x;
 }
 
-/* d float32 values into a bfloat16 (`bf16`, rounded to nearest even, NaN kept a quiet NaN) or
- * float32 array. */
-static inline void from_float(const float *src, void *dst, int d, int bf16) {
+static inline void store(float *p, vf x) { memcpy(p, &x, sizeof x); }
+
+static inline vf pick(vi take, vf yes, vf no) { /* take: -1 or 0 per lane */
+    return (vf)(((vi)yes & take) | ((vi)no & ~take));
+}
+
+/* exp(x - top) per lane (x <= top; -inf and anything below -87 give 0). */
+static inline vf exp_lanes(vf x, vf top) {
+    vf y = x - top;
+    vi keep = y >= splat(-87.0f);
+    y = pick(keep, y, splat(-87.0f));
+    vf m = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    vf r = y - m * 0.693145751953125f - m * 1.428606765330187045e-06f;
+    vf p = splat(1.3981999507e-3f);
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    vf scale = (vf)((__builtin_convertvector(m, vi) + 127) << 23);
+    return pick(keep, p * scale, splat(0.0f));
+}
+
+/* Lane j: the sum of v[j]'s eight lanes, ((0+1)+(2+3))+((4+5)+(6+7)) for every j. */
+static inline vf sum_lanes8(const vf *v) {
+    vf a[4], b[2];
+    for (int i = 0; i < 4; i++)
+        a[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
+               __builtin_shufflevector(v[2 * i], v[2 * i + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+    for (int i = 0; i < 2; i++)
+        b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    return __builtin_shufflevector(b[0], b[1], 0, 1, 2, 3, 8, 9, 10, 11) +
+           __builtin_shufflevector(b[0], b[1], 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
+static inline float max_lanes(vf x) {
+    float top = x[0];
+    for (int j = 1; j < LANES; j++) top = x[j] > top ? x[j] : top;
+    return top;
+}
+
+/* The sum of x's lanes in sum_lanes8's order. */
+static inline float sum_lanes(vf x) {
+    return ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
+}
+
+/* One query vector's running softmax: max, sum of exp, and the unnormalized output [d]. */
+typedef struct {
+    float top, total;
+    float *acc;
+} Running;
+
+#define QB 4 /* at most this many query vectors a block pass (they share each key and value load) */
+#define INLINE static inline __attribute__((always_inline))
+
+/* acc[s][c0, c0 + m * LANES) = acc * keep[s] + the sum over x < n of w[s][x] * value[x][...], x in
+ * order (m and qb constants where inlined: the sums stay in registers). */
+INLINE void add_values(float *const *acc, int c0, const float *const *value, const float *w,
+                       int n, const float *keep, const int m, const int qb) {
+    vf part[QB][LANES];
+    for (int s = 0; s < qb; s++)
+        for (int j = 0; j < m; j++) part[s][j] = load(acc[s] + c0 + j * LANES) * keep[s];
+    for (int x = 0; x < n; x++)
+        for (int j = 0; j < m; j++) {
+            vf v = load(value[x] + c0 + j * LANES);
+            for (int s = 0; s < qb; s++) part[s][j] += w[s * BLOCK + x] * v;
+        }
+    for (int s = 0; s < qb; s++)
+        for (int j = 0; j < m; j++) store(acc[s] + c0 + j * LANES, part[s][j]);
+}
+
+/* score[s][g]: query s's scaled q . k of keys g * LANES.. (-inf from key n on). */
+INLINE void block_scores(const float *const *query, const float *const *key, int n, int d,
+                         float scale, vf score[QB][BLOCK / LANES], const int qb) {
+    for (int g = 0; g < BLOCK / LANES; g++) {
+        if (g * LANES >= n) {
+            for (int s = 0; s < qb; s++) score[s][g] = splat(-INFINITY);
+            continue;
+        }
+        const float *k[LANES];
+        for (int j = 0; j < LANES; j++) k[j] = key[g * LANES + j < n ? g * LANES + j : 0];
+        vf part[QB][LANES] = {{{0}}};
+        for (int c = 0; c < d; c += LANES) {
+            vf q[QB];
+            for (int s = 0; s < qb; s++) q[s] = load(query[s] + c);
+            for (int j = 0; j < LANES; j++) {
+                vf kc = load(k[j] + c);
+                for (int s = 0; s < qb; s++) part[s][j] += q[s] * kc;
+            }
+        }
+        vi lane = (vi){0, 1, 2, 3, 4, 5, 6, 7} + g * LANES;
+        for (int s = 0; s < qb; s++)
+            score[s][g] = pick(lane < n, sum_lanes8(part[s]) * scale, splat(-INFINITY));
+    }
+}
+
+/* Fold one block of n keys / values (rows of d float32) into qb queries' running softmax; the
+ * value pass takes eight output vectors at a time for one or two queries, else four (an
+ * element's sum runs over the keys in order either way). */
+INLINE void attend_block(const float *const *query, const float *const *key,
+                         const float *const *value, int n, int d, float scale, Running *const *run,
+                         const int qb) {
+    vf score[QB][BLOCK / LANES];
+    block_scores(query, key, n, d, scale, score, qb);
+    float w[QB * BLOCK], keep[QB];
+    float *acc[QB];
+    for (int s = 0; s < qb; s++) {
+        vf top = score[s][0];
+        for (int g = 1; g < BLOCK / LANES; g++) top = pick(score[s][g] > top, score[s][g], top);
+        float old = run[s]->top, block_top = max_lanes(top);
+        float new = block_top > old ? block_top : old;
+        keep[s] = exp_lanes(splat(old), splat(new))[0];
+        vf total = {0};
+        for (int g = 0; g < BLOCK / LANES; g++) {
+            vf weight = exp_lanes(score[s][g], splat(new));
+            total += weight;
+            store(w + s * BLOCK + g * LANES, weight);
+        }
+        run[s]->top = new;
+        run[s]->total = run[s]->total * keep[s] + sum_lanes(total);
+        acc[s] = run[s]->acc;
+    }
+    const int wide = qb <= 2 ? LANES : LANES / 2;
+    int c0 = 0;
+    for (; c0 + LANES * wide <= d; c0 += LANES * wide)
+        add_values(acc, c0, value, w, n, keep, wide, qb);
+    for (; c0 < d; c0 += LANES) add_values(acc, c0, value, w, n, keep, 1, qb);
+}
+
+#define ATTEND_BLOCK(QUERIES)                                                                      \
+    static void attend_block##QUERIES(const float *const *query, const float *const *key,         \
+                                      const float *const *value, int n, int d, float scale,       \
+                                      Running *const *run) {                                      \
+        attend_block(query, key, value, n, d, scale, run, QUERIES);                                \
+    }
+ATTEND_BLOCK(1)
+ATTEND_BLOCK(2)
+ATTEND_BLOCK(3)
+ATTEND_BLOCK(4)
+
+typedef void (*BlockFn)(const float *const *, const float *const *, const float *const *, int,
+                        int, float, Running *const *);
+
+/* Query vectors a block pass for G per row: all of them up to QB, else what wastes the fewest
+ * slots (a model's constant, so a row's slots never depend on the rows beside it). */
+static int block_queries(int group) {
+    if (group <= QB) return group;
+    return group % 4 == 0 ? 4 : group % 3 == 0 ? 3 : 4;
+}
+
+static const BlockFn BLOCK_FN[QB + 1] = {0, attend_block1, attend_block2, attend_block3,
+                                         attend_block4};
+
+/* The count vectors query[0..count) over their shared n keys, block by block, qb at a time; a
+ * short last group fills its slots with `spare`, whose state nobody reads. */
+static void attend(const float *const *query, Running *run, int count, Running *spare,
+                   const float *const *key, const float *const *value, int n, int d,
+                   float scale) {
+    int qb = block_queries(count);
+    for (int first = 0; first < count; first += qb) {
+        const float *q[QB];
+        Running *slot[QB];
+        for (int s = 0; s < qb; s++) {
+            int real = first + s < count;
+            q[s] = query[real ? first + s : first];
+            slot[s] = real ? &run[first + s] : spare;
+        }
+        for (int start = 0; start < n; start += BLOCK) {
+            int m = n - start < BLOCK ? n - start : BLOCK;
+            BLOCK_FN[qb](q, key + start, value + start, m, d, scale, slot);
+        }
+    }
+}
+
+/* n rows of d elements (bfloat16 where `bf16`, else float32), row r at src + r * stride
+ * elements, as float32 [n, d]. */
+static void to_float(const void *src, long stride, int n, int d, int bf16, float *dst) {
+    for (int r = 0; r < n; r++) {
+        float *row = dst + (long)r * d;
+        if (!bf16) {
+            memcpy(row, (const float *)src + r * stride, (size_t)d * sizeof(float));
+            continue;
+        }
+        const uint16_t *half = (const uint16_t *)src + r * stride;
+        uint32_t *bits = (uint32_t *)row;
+        for (int c = 0; c < d; c++) bits[c] = (uint32_t)half[c] << 16;
+    }
+}
+
+/* d float32 values into bfloat16 (`bf16`: nearest even, NaN kept a quiet NaN) or float32. */
+static void from_float(const float *src, void *dst, int d, int bf16) {
     if (!bf16) {
         memcpy(dst, src, (size_t)d * sizeof(float));
         return;
@@ -38,61 +232,6 @@ static inline void from_float(const float *src, void *dst, int d, int bf16) {
     }
 }
 
-typedef float vf __attribute__((vector_size(LANES * sizeof(float)))); /* one lane a query vector */
-typedef int32_t vi __attribute__((vector_size(LANES * sizeof(int32_t))));
-
-static inline vf splat(float x) { return (vf){0} + x; }
-
-static inline vf select(vi take, vf yes, vf no) { /* take: -1 or 0 per lane */
-    return (vf)(((vi)yes & take) | ((vi)no & ~take));
-}
-
-/* exp(x - top) per lane (x <= top; -inf and anything below -87 give 0). */
-static inline vf exp_lanes(vf x, vf top) {
-    vf y = x - top;
-    vi keep = y >= splat(-87.0f);
-    y = select(keep, y, splat(-87.0f));
-    vf m = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
-    vf r = y - m * 0.693145751953125f - m * 1.428606765330187045e-06f;
-    vf p = splat(1.3981999507e-3f);
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    vf scale = (vf)((__builtin_convertvector(m, vi) + 127) << 23);
-    return select(keep, p * scale, splat(0.0f));
-}
-
-/* exp(x) for x <= 0 (-inf gives 0), as `exp_lanes` computes it. */
-static inline float exp_nonpositive(float x) { return exp_lanes(splat(x), splat(0.0f))[0]; }
-
-#define MAX_UNION 256
-
-/* The keys one group of query rows reads: the union of their columns, in column order (for a
- * row, its own columns S..t in position order: a tree's ancestors follow its parents). */
-typedef struct {
-    int count;
-    int32_t column[MAX_UNION];
-} Union;
-
-/* `into` = `u` with a row's columns (sorted) added; 0 (and `into` undefined) where the union would
- * outgrow MAX_UNION. */
-static int union_add(const Union *u, const int32_t *cols, int count, Union *into) {
-    int a = 0, b = 0, n = 0;
-    while (a < u->count || b < count) {
-        int take_u = b >= count || (a < u->count && u->column[a] <= cols[b]);
-        int32_t next = take_u ? u->column[a] : cols[b];
-        if (a < u->count && u->column[a] == next) a++;
-        if (b < count && cols[b] == next) b++;
-        if (n == MAX_UNION) return 0;
-        into->column[n++] = next;
-    }
-    into->count = n;
-    return 1;
-}
-
 typedef struct {
     const char *q, *k, *v, *fo;
     const float *fl;
@@ -103,129 +242,110 @@ typedef struct {
     float scale;
 } Args;
 
-/* Scores [U] per lane: q . k over c in order (eight keys at a time: eight independent sums keep
- * both FMA ports busy), -inf where the lane's row does not read the key. */
-static void scores(const vf *qt, const float *keys, const vi *keep, int U, int d, float scale,
-                   vf *score) {
-    int x = 0;
-    for (; x + 8 <= U; x += 8) {
-        vf s[8] = {{0}};
-        const float *k0 = keys + x * d;
-        for (int c = 0; c < d; c++)
-            for (int j = 0; j < 8; j++) s[j] += qt[c] * k0[j * d + c];
-        for (int j = 0; j < 8; j++) score[x + j] = s[j];
-    }
-    for (; x < U; x++) {
-        vf s0 = {0};
-        for (int c = 0; c < d; c++) s0 += qt[c] * keys[x * d + c];
-        score[x] = s0;
-    }
-    for (x = 0; x < U; x++) score[x] = select(keep[x], score[x] * scale, splat(-INFINITY));
-}
-
-/* One block of up to LANES query vectors (row[l], head[l] of the kv head h's group) over the
- * union `u` of their rows' columns (keys and values converted), each lane keeping only its
- * row's columns, merged with its flash partial into `out`. */
-static void lanes(const Args *a, long b, int h, const Union *u, const float *keys,
-                  const float *values, const int *row, const int *head, int n) {
-    int U = u->count, d = a->d;
-    long size = a->bf16 ? 2 : 4;
-    vf qt[MAX_D], score[MAX_UNION], acc[MAX_D], top = splat(-INFINITY), total = {0};
-    vi keep[MAX_UNION];
-    float query[MAX_D];
-    memset(qt, 0, sizeof(vf) * d);
-    memset(keep, 0, sizeof(vi) * U);
-    for (int l = 0; l < n; l++) {
-        long i = row[l] % a->queries, hh = (long)h * a->group + head[l];
+/* Row `row` (batch row b, query i), kv head h: its G query vectors start from their flash
+ * partials and fold in its tail keys (float32 rows key[x], value[x], x < its count). */
+static void one_row(const Args *a, long b, int h, long row, const float *const *key,
+                    const float *const *value) {
+    int d = a->d, G = a->group;
+    long size = a->bf16 ? 2 : 4, i = row % a->queries;
+    const float *query[G];
+    float q_rows[G][d], acc[G][d], spare_acc[d];
+    Running run[G], spare = {-INFINITY, 0.0f, spare_acc};
+    memset(spare_acc, 0, sizeof spare_acc);
+    for (int g = 0; g < G; g++) {
+        long hh = (long)h * G + g, at = (long)g * a->queries + i;
         to_float(a->q + size * (b * a->q_stride[0] + hh * a->q_stride[1] + i * a->q_stride[2]),
-                 query, d, a->bf16);
-        for (int c = 0; c < d; c++) qt[c][l] = query[c];
-        const int32_t *cols = a->cols + (long)row[l] * a->width;
-        for (int j = 0, x = 0; j < a->counts[row[l]]; j++) { /* both in column order */
-            while (u->column[x] != cols[j]) x++;
-            keep[x][l] = -1;
-        }
-    }
-    scores(qt, keys, keep, U, d, a->scale, score);
-    for (int x = 0; x < U; x++) top = select(score[x] > top, score[x], top);
-    for (int x = 0; x < U; x++) {
-        score[x] = exp_lanes(score[x], top);
-        total += score[x];
-    }
-    for (int c0 = 0; c0 < d; c0 += 8) {
-        vf part[8] = {{0}};
-        for (int x = 0; x < U; x++)
-            for (int c = 0; c < 8; c++) part[c] += score[x] * values[x * d + c0 + c];
-        memcpy(acc + c0, part, sizeof(part));
-    }
-    for (int l = 0; l < n; l++) {
-        long i = row[l] % a->queries, at = (long)head[l] * a->queries + i;
-        float flash_lse = a->fl[b * a->fl_stride[0] + h * a->fl_stride[1] + at * a->fl_stride[2]];
-        float tail_lse = top[l] + logf(total[l]);
-        float hi = flash_lse > tail_lse ? flash_lse : tail_lse;
-        float wf = exp_nonpositive(flash_lse - hi), wt = exp_nonpositive(tail_lse - hi);
-        float norm = 1.0f / (wf + wt), tail_w = wt / total[l];
-        float merged[MAX_D], flash[MAX_D];
-        for (int c = 0; c < d; c++) merged[c] = tail_w * acc[c][l];
-        if (wf > 0.0f) { /* a row without flash keys has no partial to read */
+                 0, 1, d, a->bf16, q_rows[g]);
+        query[g] = q_rows[g];
+        float lse = a->fl[b * a->fl_stride[0] + h * a->fl_stride[1] + at * a->fl_stride[2]];
+        run[g] = (Running){lse, 1.0f, acc[g]};
+        if (lse == -INFINITY) { /* no keys before S: no partial to read */
+            run[g].total = 0.0f;
+            memset(acc[g], 0, sizeof(float) * d);
+        } else {
             long fo_at = b * a->fo_stride[0] + h * a->fo_stride[1] + at * a->fo_stride[2];
-            to_float(a->fo + size * fo_at, flash, d, a->bf16);
-            for (int c = 0; c < d; c++) merged[c] += wf * flash[c];
+            to_float(a->fo + size * fo_at, 0, 1, d, a->bf16, acc[g]);
         }
-        for (int c = 0; c < d; c++) merged[c] *= norm;
-        long head_at = (b * a->queries + i) * a->heads + (long)h * a->group + head[l];
+    }
+    attend(query, run, G, &spare, key, value, a->counts[row], d, a->scale);
+    for (int g = 0; g < G; g++) {
+        float merged[MAX_D];
+        for (int c = 0; c < d; c++) merged[c] = acc[g][c] / run[g].total;
+        long head_at = row * a->heads + (long)h * G + g;
         from_float(merged, a->out + size * head_at * d, d, a->bf16);
     }
 }
 
-/* Batch row b, kv head h, its query rows [from, to): in runs whose union fits, each run in lane
- * blocks. */
+/* Widen [lo, hi] to take `row`'s tail columns. */
+static void span_of(const Args *a, long row, int *lo, int *hi) {
+    const int32_t *cols = a->cols + row * a->width;
+    for (int x = 0; x < a->counts[row]; x++) {
+        *lo = cols[x] < *lo ? cols[x] : *lo;
+        *hi = cols[x] > *hi ? cols[x] : *hi;
+    }
+}
+
+/* Batch row b, kv head h, its query rows [from, to): in runs whose tail columns span at most
+ * MAX_SPAN, each run's columns converted to float32 once (a row spanning more alone, its own
+ * keys gathered). */
 static void batch_head(const Args *a, long b, int h, int from, int to) {
-    static __thread float keys[MAX_UNION * MAX_D], values[MAX_UNION * MAX_D];
-    long size = a->bf16 ? 2 : 4;
+    static __thread float keys[MAX_SPAN * MAX_D], values[MAX_SPAN * MAX_D];
+    long size = a->bf16 ? 2 : 4, ks = a->k_stride[2], vs = a->v_stride[2];
+    int d = a->d;
     const char *k = a->k + size * (b * a->k_stride[0] + h * a->k_stride[1]);
     const char *v = a->v + size * (b * a->v_stride[0] + h * a->v_stride[1]);
-    Union both[2];
+    const float *key[MAX_TAIL], *value[MAX_TAIL];
     int first = from;
     while (first < to) {
-        Union *u = &both[0], *grown = &both[1], *swap;
-        u->count = 0;
-        int end = first;
-        while (end < to) {
-            long r = b * a->queries + end;
-            if (!union_add(u, a->cols + r * a->width, a->counts[r], grown)) break;
-            swap = u, u = grown, grown = swap;
-            end++;
+        int lo = 1 << 30, hi = -1, end = first;
+        for (; end < to; end++) {
+            int row_lo = lo, row_hi = hi;
+            span_of(a, b * a->queries + end, &row_lo, &row_hi);
+            if (row_hi - row_lo >= MAX_SPAN) break;
+            lo = row_lo, hi = row_hi;
         }
-        for (int x = 0; x < u->count; x++) {
-            to_float(k + size * u->column[x] * a->k_stride[2], keys + x * a->d, a->d, a->bf16);
-            to_float(v + size * u->column[x] * a->v_stride[2], values + x * a->d, a->d, a->bf16);
-        }
-        int row[LANES], head[LANES], n = 0;
-        for (int i = first; i < end; i++)
-            for (int g = 0; g < a->group; g++) {
-                row[n] = b * a->queries + i, head[n] = g, n++;
-                if (n == LANES) lanes(a, b, h, u, keys, values, row, head, n), n = 0;
+        if (end == first) { /* one row spanning more than MAX_SPAN columns: gather its keys */
+            long row = b * a->queries + first;
+            const int32_t *cols = a->cols + row * a->width;
+            for (int x = 0; x < a->counts[row]; x++) {
+                to_float(k + size * cols[x] * ks, 0, 1, d, a->bf16, keys + (long)x * d);
+                to_float(v + size * cols[x] * vs, 0, 1, d, a->bf16, values + (long)x * d);
+                key[x] = keys + (long)x * d, value[x] = values + (long)x * d;
             }
-        if (n) lanes(a, b, h, u, keys, values, row, head, n);
+            one_row(a, b, h, row, key, value);
+            first++;
+            continue;
+        }
+        to_float(k + size * lo * ks, ks, hi - lo + 1, d, a->bf16, keys);
+        to_float(v + size * lo * vs, vs, hi - lo + 1, d, a->bf16, values);
+        for (int i = first; i < end; i++) {
+            long row = b * a->queries + i;
+            const int32_t *cols = a->cols + row * a->width;
+            for (int x = 0; x < a->counts[row]; x++) {
+                key[x] = keys + (long)(cols[x] - lo) * d;
+                value[x] = values + (long)(cols[x] - lo) * d;
+            }
+            one_row(a, b, h, row, key, value);
+        }
         first = end;
     }
 }
 
 /* ptrs: q [b, H, q, d], k and v [b, KVH, columns, d], fo [b, KVH, G q (head-major, padded), d] and
  * fl [b, KVH, G q] float32 (the flash partials; lse -inf: no keys), out [b, q, H, d] contiguous,
- * cols [R, width] and counts [R] int32 (a row's columns, in position = column order); elements
- * bfloat16 or float32, the last dimension contiguous. ints: the strides in elements of q, k, v, fo
- * (4 each) and fl (3), then rows R, width, queries q, heads H, kv heads, head dim d, bf16 (1) or
- * float32 (0), threads. Row r: batch row r / q, query r % q. Returns 1 for shapes it does not take. */
+ * cols [R, width] and counts [R] int32 (a row's columns, in position order; at least one each);
+ * elements bfloat16 or float32, the last dimension contiguous. ints: the strides in elements of
+ * q, k, v, fo (4 each) and fl (3), then rows R, width, queries q, heads H, kv heads, head dim d,
+ * bf16 (1) or float32 (0), threads. Row r: batch row r / q, query r % q. Returns 1 for shapes it
+ * does not take. */
 int tail_attention(void *const *ptrs, const long *ints, float scale) {
     const long *shape = ints + 19;
     Args a = {ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6], ptrs[7],
               ints, ints + 4, ints + 8, ints + 12, ints + 16, shape[1], shape[2], shape[3],
               shape[3] / shape[4], shape[5], shape[6], scale};
     int batch = shape[0] / shape[2], kv_heads = shape[4], threads = shape[7];
-    if (a.d > MAX_D || a.d % LANES || a.width > MAX_TAIL) return 1;
-    int chunk = a.group >= 2 * LANES ? 1 : 2 * LANES / a.group; /* rows a task: two lane blocks */
+    if (a.d > MAX_D || a.d % LANES || a.width > MAX_TAIL || MAX_TAIL > MAX_SPAN) return 1;
+    int chunk = a.group >= 16 ? 1 : 16 / a.group; /* rows a task */
     int chunks = (a.queries + chunk - 1) / chunk;
 #pragma omp parallel for collapse(3) schedule(static) num_threads(threads) if (threads > 1)
     for (int b = 0; b < batch; b++)
