@@ -8,7 +8,8 @@ Each request's variant is drawn (seeded) over all N, so a large N touches adapte
 resident set. Every count of `--variants` runs `--rounds` times, the counts alternating (8, 64, 256, 8, ...) on
 one loaded model holding max(counts) adapters, after one warm-up run; the table gives each count's
 median and the median over rounds of its ratio to the first count in the same round (paired, so
-the drift of a noisy machine between rounds cancels). `--mix` interleaves the six
+the drift of a noisy machine between rounds cancels). `--concurrency 16,1` alternates stream
+counts the same way, on the same requests (the 16 / 1 scaling, paired round by round). `--mix` interleaves the six
 Spec-Bench tasks (as `specserve loadtest` does); without it the file's order.
 """
 
@@ -48,7 +49,7 @@ def main() -> None:
         default=8,
         help="when --adapter does not exist, save a random LoRA of this rank (q/k/v/o) there",
     )
-    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--concurrency", default="16", help="comma-separated stream counts")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--data", type=Path, default=Path("../shared/bench/specbench_dev.jsonl"))
@@ -70,6 +71,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     counts = [int(c) for c in args.variants.split(",")]
+    streams = [int(c) for c in args.concurrency.split(",")]
 
     loaded = load_model(args.model, dtype=args.dtype, workload=Workload(rows=args.dtype_rows))
     print(f"dtype {loaded.dtype}", loaded.dtype_choice.reason if loaded.dtype_choice else "")
@@ -97,45 +99,48 @@ def main() -> None:
     texts = interleave_tasks(rows) if args.mix else [r["turns"][0] for r in rows]
     prompts = [encode_messages(loaded.tokenizer, [{"role": "user", "content": t}]) for t in texts]
     modes = ["eager", "compiled"] if target is not None else ["eager"]
-    keys = [(c, m) for c in counts for m in modes]
+    keys = [(n, c, m) for n in streams for c in counts for m in modes]
     runs: dict[tuple, list[dict]] = {k: [] for k in keys}
-    _run(engine, args, prompts, names[: counts[0]])  # warm-up: first-forward costs, allocator
+    _run(engine, args, prompts, names[: counts[0]], streams[0])  # warm-up: first forwards
     for _ in range(args.rounds):
-        for count, mode in keys:
+        for key in keys:
+            n, count, mode = key
             if target is not None:
                 target.enabled = mode == "compiled"
-            runs[count, mode].append(_run(engine, args, prompts, names[:count]))
-            r = runs[count, mode][-1]
+            runs[key].append(_run(engine, args, prompts, names[:count], n))
+            r = runs[key][-1]
             print(
-                f"  {count} variants {mode}: {r['tok_s']:.1f} tok/s, decode step "
+                f"  {n} streams, {count} variants {mode}: {r['tok_s']:.1f} tok/s, decode step "
                 f"{r['step_ms']:.1f} ms at {r['rows']:.1f} rows, prefill {r['prefill_ms']:.3f} "
                 "ms/token",
                 flush=True,
             )
     first = runs[keys[0]]
     print(
-        f"concurrency {args.concurrency}, {args.requests} requests, {args.max_tokens} max "
-        f"tokens, {'mixed tasks' if args.mix else 'file order'}, medians of {args.rounds}:"
+        f"{args.requests} requests, {args.max_tokens} max tokens, "
+        f"{'mixed tasks' if args.mix else 'file order'}, medians of {args.rounds}:"
     )
     print(
-        "| variants | forward | tok/s | vs first (paired) | decode step | prefill per token | vs first |"
+        "| streams | variants | forward | tok/s | vs first (paired) | decode step "
+        "| prefill per token | vs first |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for count, mode in keys:
-        got = runs[count, mode]
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for key in keys:
+        n, count, mode = key
+        got = runs[key]
         med = {k: statistics.median(r[k] for r in got) for k in got[0]}
         tok = [r["tok_s"] / f["tok_s"] for r, f in zip(got, first, strict=True)]
         pre = [r["prefill_ms"] / f["prefill_ms"] for r, f in zip(got, first, strict=True)]
         print(
-            f"| {count} | {mode} | {med['tok_s']:.1f} | {statistics.median(tok):.3f}x "
+            f"| {n} | {count} | {mode} | {med['tok_s']:.1f} | {statistics.median(tok):.3f}x "
             f"({', '.join(f'{x:.2f}' for x in tok)}) | {med['step_ms']:.1f} ms at "
             f"{med['rows']:.1f} rows | {med['prefill_ms']:.3f} ms | {statistics.median(pre):.3f}x "
             f"({', '.join(f'{x:.2f}' for x in pre)}) |"
         )
 
 
-def _run(engine, args, prompts, names: list[str]) -> dict:
-    """One run: `args.requests` requests over `names`, `args.concurrency` in flight."""
+def _run(engine, args, prompts, names: list[str], concurrency: int) -> dict:
+    """One run: `args.requests` requests over `names`, `concurrency` in flight."""
     params = SamplingParams(max_new_tokens=args.max_tokens)
     scheduler = Scheduler(engine, BatchSettings(prefill_chunk=args.prefill_chunk))
     count = {"next": 0, "done": 0, "tokens": 0}
@@ -160,7 +165,7 @@ def _run(engine, args, prompts, names: list[str]) -> dict:
                 submit()
 
     start = time.perf_counter()
-    for _ in range(args.concurrency):
+    for _ in range(concurrency):
         submit()
     while count["done"] < args.requests:
         scheduler.step()
