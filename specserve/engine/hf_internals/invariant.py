@@ -77,7 +77,10 @@ def tail_attention(query, key, value, flash_out, flash_lse, out, layout, scale: 
         layout.tail_counts.data_ptr(),
     )
     if kernels.tail_kernel().tail_attention(ptrs, ints, scale):
-        raise kernels.KernelUnavailable(f"the tail kernel refused head_dim {query.shape[-1]}")
+        raise kernels.KernelUnavailable(
+            f"the tail kernel refused the call: head_dim {query.shape[-1]}, every row's tail "
+            f"count in 1..{layout.tail_columns.shape[1]}"
+        )
 
 
 def _kernel_args(query, key, value, flash_out, flash_lse, layout):

@@ -337,7 +337,7 @@ static void batch_head(const Args *a, long b, int h, int from, int to) {
  * elements bfloat16 or float32, the last dimension contiguous. ints: the strides in elements of
  * q, k, v, fo (4 each) and fl (3), then rows R, width, queries q, heads H, kv heads, head dim d,
  * bf16 (1) or float32 (0), threads. Row r: batch row r / q, query r % q. Returns 1 for shapes it
- * does not take. */
+ * does not take (or a row count outside 1..width). */
 int tail_attention(void *const *ptrs, const long *ints, float scale) {
     const long *shape = ints + 19;
     Args a = {ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6], ptrs[7],
@@ -345,6 +345,8 @@ int tail_attention(void *const *ptrs, const long *ints, float scale) {
               shape[3] / shape[4], shape[5], shape[6], scale};
     int batch = shape[0] / shape[2], kv_heads = shape[4], threads = shape[7];
     if (a.d > MAX_D || a.d % LANES || a.width > MAX_TAIL || MAX_TAIL > MAX_SPAN) return 1;
+    for (long r = 0; r < shape[0]; r++) /* every row reads at least itself, at most `width` */
+        if (a.counts[r] < 1 || a.counts[r] > a.width) return 1;
     int chunk = a.group >= 16 ? 1 : 16 / a.group; /* rows a task */
     int chunks = (a.queries + chunk - 1) / chunk;
 #pragma omp parallel for collapse(3) schedule(static) num_threads(threads) if (threads > 1)

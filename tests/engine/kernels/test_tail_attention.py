@@ -115,9 +115,24 @@ def test_worked_example_two_equal_keys_after_a_partial():
     assert torch.allclose(out, torch.full_like(out, 4.0), rtol=0, atol=1e-6)
 
 
+def test_a_row_without_keys_is_refused():
+    """Every row reads at least its own key: a count of 0 is a layout bug, refused, not NaN."""
+    query, keys, values, flash_out, flash_lse = _case(
+        torch.Generator(), torch.float32, [[3]], 5, [0]
+    )
+    layout = _layout([[3]])
+    layout.tail_counts[0] = 0
+    out = query.new_empty(1, 1, 3 * KV_HEADS, D)
+    with pytest.raises(kernels.KernelUnavailable, match="tail count in 1..64"):
+        invariant.tail_attention(query, keys, values, flash_out, flash_lse, out, layout, 0.25)
+
+
 def _neighbours(rng, columns: int, mine: list[int], others: int) -> list[list[int]]:
     """Tail columns of `others` rows: half near `mine` (they share its run), half anywhere."""
-    near = [sorted(rng.sample(range(mine[0], mine[0] + 64), rng.randint(1, 64))) for _ in range(others // 2)]
+    near = [
+        sorted(rng.sample(range(mine[0], mine[0] + 64), rng.randint(1, 64)))
+        for _ in range(others // 2)
+    ]
     far = [sorted(rng.sample(range(columns), 64)) for _ in range(others - others // 2)]
     return near + far
 
