@@ -76,9 +76,8 @@ def test_in_place_columns_equal_the_gathered_ones(past, q):
     layout = hf_internals.invariant_layout(allowed, positions, 3, torch.bfloat16, "cpu")
     split = invariant_plan.split_point(positions.numpy())
     tail = allowed.numpy() & (np.arange(allowed.shape[2])[None, None, :] >= split[..., None])
-    gathered = invariant_plan._gathered(
-        tail, tail.sum(axis=2)
-    )  # the tree path's columns for the same rows
+    # the tree path's columns for the same rows
+    gathered = invariant_plan._gathered(tail, tail.sum(axis=2))
     counts = layout.tail_counts.tolist()
     for row, n in enumerate(counts):
         assert gathered[row, :n].tolist() == layout.tail_columns[row, :n].tolist()
