@@ -75,8 +75,11 @@ class Loop:
             loss = float(heldout_loss())
         self.module.train()
         self.state["elapsed"] += time.perf_counter() - t0
-        self.state["heldout_losses"].append(round(loss, 4))
-        if loss <= min(self.state["heldout_losses"]):
+        self.state["heldout_losses"].append(round(loss, 4))  # for the manifest
+        # decided on the unrounded loss: against the rounded list a loss that rounds down
+        # (9.80283 -> 9.8028) would never count as the best
+        if loss <= self.state.get("best_loss", float("inf")):
+            self.state["best_loss"] = loss
             self.state["best_epoch"] = self.state["epoch"]
             self.best = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
 
