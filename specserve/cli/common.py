@@ -46,6 +46,39 @@ def parse_overrides(items: list[str], scoped: bool) -> dict:
     return out
 
 
+def nested_overrides(items: list[str], settings: type[BaseModel]) -> dict:
+    """Dotted KEY=VALUE pairs as the nested dict `settings` validates; a name that is not a field
+    fails listing the valid ones at its level (below a field that is not a model, none checked).
+
+    Example: ["eagle.feature_layers=[3,15,-1]", "trainer.lr=0.002"] over DrafterTrainSettings ->
+    {"eagle": {"feature_layers": [3, 15, -1]}, "trainer": {"lr": 0.002}}.
+    """
+    out: dict = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"config: expected KEY=VALUE, got {item!r}")
+        names = key.split(".")
+        model, level = settings, out
+        for depth, name in enumerate(names):
+            if model is not None and name not in model.model_fields:
+                where = ".".join(names[:depth]) or "settings"
+                valid = ", ".join(model.model_fields)
+                raise ValueError(f"config: unknown {name!r} in {where}; valid: {valid}")
+            model = _model_field(model, name)
+            if depth < len(names) - 1:
+                level = level.setdefault(name, {})
+        level[names[-1]] = _parse_value(value)
+    return out
+
+
+def _model_field(model: type[BaseModel] | None, name: str) -> type[BaseModel] | None:
+    """The pydantic model type of field `name` of `model`, None where it is not one."""
+    annotation = model.model_fields[name].annotation if model is not None else None
+    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    return annotation if is_model else None
+
+
 def from_flags(settings: type[SettingsT], args: argparse.Namespace, **given) -> SettingsT:
     """`settings` validated from the parsed flags named like its fields (`--max-new-tokens` fills
     `max_new_tokens`), and `given` for the fields whose value is not a flag's as parsed.

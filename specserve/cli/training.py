@@ -12,7 +12,14 @@ from pathlib import Path
 
 from specserve.adapters.fingerprint import adapter_sha256
 from specserve.adapters.settings import AdapterLimits
-from specserve.cli.common import add_model_args, cache_dir, from_flags, log, parse_overrides
+from specserve.cli.common import (
+    add_model_args,
+    cache_dir,
+    from_flags,
+    log,
+    nested_overrides,
+    parse_overrides,
+)
 from specserve.engine.drafters.specs import KIND_NAMES
 from specserve.files import file_sha256
 
@@ -39,6 +46,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="retrain VARIANT's drafter on a running server from its captured traffic; the new "
         "one replaces the current one only if it beats it on held-out recent traffic",
+    )
+    t.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        help="dotted KEY=VALUE of the training settings (eagle.feature_layers=[3,15,-1], "
+        "trainer.lr=0.002, draft_vocab=4096, ...)",
     )
     t.add_argument("--min-gain", type=float, default=0.0, help="with --from-traffic: tau to gain")
     t.add_argument("--url", default=None, help="with --from-traffic: default $SPECSERVE_URL")
@@ -73,7 +87,11 @@ def cmd_train_drafter(args) -> int:
     from specserve.training.run import train_drafter  # lazy: +7.8 s (torch, peft)
     from specserve.training.settings import DrafterTrainSettings  # lazy: +3.5 s (torch, peft)
 
-    settings = from_flags(DrafterTrainSettings, args, corpus=CorpusSettings(files=args.data))
+    overrides = nested_overrides(args.config, DrafterTrainSettings)
+    corpus = CorpusSettings(
+        **overrides.pop("corpus", {}) | ({"files": args.data} if args.data else {})
+    )
+    settings = from_flags(DrafterTrainSettings, args, corpus=corpus, **overrides)
     target = load_command_target(args)
     loaded = target.loaded
     drafter = train_drafter(

@@ -8,7 +8,7 @@ import argparse
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from specserve.cli.common import from_flags, parse_overrides
+from specserve.cli.common import from_flags, nested_overrides, parse_overrides
 
 
 def test_parse_overrides():
@@ -52,3 +52,33 @@ def test_from_flags_validates():
     args = argparse.Namespace(max_tokens="many", stop=[])
     with pytest.raises(ValidationError, match="max_tokens"):
         from_flags(_Settings, args)
+
+
+class _Inner(BaseModel):
+    lr: float = 1e-3
+    layers: tuple[int, ...] = (-1,)
+
+
+class _Outer(BaseModel):
+    budget: float = 20.0
+    inner: _Inner = _Inner()
+    extra: dict = {}
+
+
+def test_nested_overrides_build_the_nested_settings():
+    got = nested_overrides(["inner.layers=[3,15,-1]", "inner.lr=0.002", "budget=5"], _Outer)
+    assert got == {"inner": {"layers": [3, 15, -1], "lr": 0.002}, "budget": 5}
+    assert _Outer.model_validate(got).inner.layers == (3, 15, -1)
+    # below a field that is not a model nothing is checked (a dict's keys are its own)
+    assert nested_overrides(["extra.anything=1"], _Outer) == {"extra": {"anything": 1}}
+
+
+def test_nested_overrides_name_the_valid_fields_of_the_level():
+    with pytest.raises(ValueError, match=r"unknown 'lrr' in inner; valid: lr, layers"):
+        nested_overrides(["inner.lrr=1"], _Outer)
+    with pytest.raises(
+        ValueError, match=r"unknown 'nope' in settings; valid: budget, inner, extra"
+    ):
+        nested_overrides(["nope=1"], _Outer)
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        nested_overrides(["inner.lr"], _Outer)

@@ -48,24 +48,30 @@ def eagle_unrolled(
 
 
 def eagle_loss(outs, batch: EagleBatch, rows_w, settings: TrainerSettings) -> torch.Tensor:
+    """Over the unrolled passes: smooth L1 to the target's next final feature and (soft)
+    cross-entropy to its next token. The teacher's logits are one product for every pass (pass
+    j scores a subset of pass 1's rows)."""
     batch = batch.to(rows_w.device)
+    targets = trainable_targets(batch.targets)  # [b, n]
+    first = targets != IGNORE  # [b, n]: rows pass 1 scores
+    teacher = None  # [m, v] over pass 1's scored rows
+    if settings.ce_weight and settings.soft_labels and first.any():
+        teacher = batch.next_final[first].to(outs[0].dtype) @ rows_w.T
     total = outs[0].new_zeros(())
     for j, h in enumerate(outs):  # pass j + 1: valid from row j on
         valid = batch.valid.clone()
         valid[:, :j] = False
-        tgt = trainable_targets(batch.targets)
-        tgt[:, :j] = IGNORE
+        scored = first.clone()
+        scored[:, :j] = False
         if settings.reg_weight and valid.any():
             reg = F.smooth_l1_loss(h[valid], batch.next_final[valid].to(h.dtype))
             total = total + settings.reg_weight * reg
-        if settings.ce_weight and (tgt != IGNORE).any():
-            scored = tgt != IGNORE
-            logits = h[scored] @ rows_w.T  # [m, v]
-            if settings.soft_labels:
-                teacher = batch.next_final[scored].to(h.dtype) @ rows_w.T  # [m, v]
-                ce = soft_cross_entropy(logits, teacher)
+        if settings.ce_weight and scored.any():
+            logits = h[scored] @ rows_w.T  # [m_j, v]
+            if teacher is not None:
+                ce = soft_cross_entropy(logits, teacher[scored[first]])
             else:
-                ce = F.cross_entropy(logits, tgt[scored])
+                ce = F.cross_entropy(logits, targets[scored])
             total = total + settings.ce_weight * ce
     return total
 

@@ -64,3 +64,43 @@ def test_eagle_training_learns(tiny_llama, soft, autocast, teacher, loopy_data):
     assert state["step"] > 5
     assert after[0][0] > before[0][0] + 0.2, (before, after)
     assert after[1][0] > before[1][0] + 0.1, (before, after)
+
+
+def _eagle_loss_reference(outs, batch, rows_w, settings):
+    """Pass by pass, the teacher's logits recomputed over each pass's own scored rows."""
+    total = torch.zeros((), dtype=torch.float64)
+    for j, h in enumerate(outs):
+        valid = batch.valid.clone()
+        valid[:, :j] = False
+        tgt = batch.targets.masked_fill(batch.targets < 0, examples.IGNORE)
+        tgt[:, :j] = examples.IGNORE
+        scored = tgt != examples.IGNORE
+        reg = torch.nn.functional.smooth_l1_loss(h[valid], batch.next_final[valid])
+        teacher = batch.next_final[scored] @ rows_w.T
+        ce = eagle.soft_cross_entropy(h[scored] @ rows_w.T, teacher)
+        total = total + settings.reg_weight * reg + settings.ce_weight * ce
+    return total
+
+
+def test_eagle_loss_shares_the_teacher_logits_across_passes():
+    """One teacher product for every pass gives the pass-by-pass loss (out-of-vocabulary and
+    padding rows included), in float64."""
+    torch.manual_seed(0)
+    b, n, hidden, v = 2, 6, 5, 7
+    targets = torch.randint(0, v, (b, n))
+    targets[0, 1], targets[1, 4:] = examples.OUT_OF_VOCAB, examples.IGNORE
+    valid = torch.ones(b, n, dtype=torch.bool)
+    valid[1, 5] = False
+    batch = examples.EagleBatch(
+        torch.randn(b, n, 1, hidden, dtype=torch.float64),
+        torch.randint(0, v, (b, n)),
+        torch.randn(b, n, hidden, dtype=torch.float64),
+        targets,
+        valid,
+    )
+    outs = [torch.randn(b, n, hidden, dtype=torch.float64) for _ in range(3)]
+    rows_w = torch.randn(v, hidden, dtype=torch.float64)
+    settings = TrainerSettings(reg_weight=0.5, ce_weight=1.0, soft_labels=True)
+    got = eagle.eagle_loss(outs, batch, rows_w, settings)
+    want = _eagle_loss_reference(outs, batch, rows_w, settings)
+    assert torch.allclose(got, want, rtol=1e-12), (got, want)
