@@ -22,12 +22,20 @@ from specserve.engine import hf_internals
 class Teacher:
     """Per sequence (None: not reached within the deadline)."""
 
-    features: list[torch.Tensor | None]  # each [T, layers, H], the target's dtype
+    features: list[torch.Tensor | None]  # each [T, layers, H], the target's dtype (autocast: bf16)
     greedy: list[torch.Tensor | None]  # each [T] long: the target's argmax after position t
 
 
-def cache_key(weights: str, adapter: str | None, dtype: torch.dtype, layers, corpus: str) -> str:
-    raw = json.dumps([weights, adapter, str(dtype), list(layers), corpus])
+def cache_key(
+    weights: str,
+    adapter: str | None,
+    dtype: torch.dtype,
+    layers,
+    corpus: str,
+    autocast: bool = False,
+) -> str:
+    parts = [weights, adapter, str(dtype), list(layers), corpus]
+    raw = json.dumps(parts + (["bf16-autocast"] if autocast else []))
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
@@ -48,20 +56,24 @@ def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def prefill(model, sequences: list[list[int]], layers: tuple[int, ...]):
-    """One right-padded causal forward: per sequence (features [T, L, H], greedy [T])."""
+def prefill(model, sequences: list[list[int]], layers: tuple[int, ...], autocast: bool = False):
+    """One right-padded causal forward: per sequence (features [T, L, H], greedy [T]). With
+    `autocast` the forward runs under bf16 autocast and its features are kept in bf16."""
     width = max(len(s) for s in sequences)
     ids = torch.zeros((len(sequences), width), dtype=torch.long)  # [b, T]
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for r, seq in enumerate(sequences):
         ids[r, : len(seq)] = torch.tensor(seq)
         mask[r, : len(seq)] = 1
-    out = model(
-        input_ids=ids.to(model.device),
-        attention_mask=mask.to(model.device),
-        output_hidden_states=True,
-    )
+    with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=autocast):
+        out = model(
+            input_ids=ids.to(model.device),
+            attention_mask=mask.to(model.device),
+            output_hidden_states=True,
+        )
     feats = hf_internals.hidden_features(out, layers).cpu()  # [b, T, L, H]
+    if autocast:
+        feats = feats.to(torch.bfloat16)
     greedy = out.logits.argmax(dim=-1).cpu()  # [b, T]
     return [
         (feats[r, : len(s)].clone(), greedy[r, : len(s)].clone()) for r, s in enumerate(sequences)
@@ -77,9 +89,11 @@ def teacher_data(
     deadline: float | None = None,
     log=lambda msg: None,
     progress=lambda n: None,
+    autocast: bool = False,
 ) -> Teacher:
     """Features and greedy tokens of every sequence, from `cache_dir` where saved, else by
-    prefill (shortest first; no batch starts past `deadline`, time.monotonic())."""
+    prefill (shortest first; no batch starts past `deadline`, time.monotonic(); `autocast`: in
+    bf16, see `prefill`)."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     got: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for part in sorted(cache_dir.glob("part-*.pt")):
@@ -92,7 +106,7 @@ def teacher_data(
         if deadline is not None and time.monotonic() > deadline:
             break
         idx = [todo[g] for g in group]
-        done = dict(zip(idx, prefill(model, [sequences[i] for i in idx], layers)))
+        done = dict(zip(idx, prefill(model, [sequences[i] for i in idx], layers, autocast)))
         tmp = cache_dir / f"part-{parts:05d}.part"
         torch.save(done, tmp)
         tmp.replace(tmp.with_suffix(".pt"))

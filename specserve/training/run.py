@@ -28,7 +28,7 @@ from specserve.engine.drafters.artifact import (
 )
 from specserve.engine.drafters.vocab import head_rows
 from specserve.engine.lora.batch import lora_rows
-from specserve.training import examples
+from specserve.training import examples, precision
 from specserve.training.corpus import Corpus, build_corpus, traffic_corpus
 from specserve.training.data import frequent_vocab, token_counts
 from specserve.training.features import cache_key, teacher_data
@@ -121,13 +121,26 @@ class _Training:
         self.budget_s = run.settings.budget_minutes * 60
         self.weights = base_weights_sha256(run.model)
         self.trainer = TRAINERS.get(run.settings.kind)
+        self.precision = _precisions(run.settings, run.model)
+        run.log(
+            f"precision: teacher prefill {self.precision['teacher']}, training "
+            f"{self.precision['trainer']} (bf16 autocast or off; target {run.model.dtype})"
+        )
 
-    def sequences(self, corpus: Corpus, data_dir: Path, layers, deadline, bar) -> Sequences:
-        """The corpus's teacher data, cached under data_dir; sequences not reached are dropped."""
+    def sequences(
+        self, corpus: Corpus, data_dir: Path, layers, deadline, bar, autocast: bool = False
+    ) -> Sequences:
+        """The corpus's teacher data, cached under data_dir; sequences not reached are dropped.
+        `autocast`: prefilled under bf16 autocast (training data only, never held-out)."""
         data_dir.mkdir(parents=True, exist_ok=True)
         distinct = tuple(dict.fromkeys(layers))  # one cache for every kind that reads these layers
         key = cache_key(
-            self.weights, self.run.adapter_sha256, self.model.dtype, distinct, corpus.digest
+            self.weights,
+            self.run.adapter_sha256,
+            self.model.dtype,
+            distinct,
+            corpus.digest,
+            autocast,
         )
         pbar = bar(len(corpus.sequences), "teacher")
         teacher = teacher_data(
@@ -139,6 +152,7 @@ class _Training:
             deadline,
             self.log,
             pbar.update,
+            autocast,
         )
         pbar.close()
         kept = [i for i, f in enumerate(teacher.features) if f is not None]
@@ -192,8 +206,9 @@ class _Training:
         self.log(f"teacher data (layers {layers}) for {total} sequences ({source}) ...")
         held = self.sequences(held_c, held_dir, layers, None, bar)
         deadline = self.started + s.features_share * self.budget_s
+        bf16 = self.precision["teacher"] == "bfloat16"
         train = _joined(
-            [self.sequences(c, d, layers, deadline, bar) for c, d, _ in train_parts],
+            [self.sequences(c, d, layers, deadline, bar, bf16) for c, d, _ in train_parts],
             [repeats for _, _, repeats in train_parts],
         )
         if len(train.tokens) < 2:
@@ -227,7 +242,7 @@ class _Training:
             train=train,
             heldout=held,
             spec=spec,
-            settings=_with_precision(self.settings, self.model.dtype),
+            settings=_with_trainer_precision(self.settings, self.precision["trainer"]),
             budget_s=max(train_s, 1.0),
             checkpoint=ckpt,
             progress=_quiet,
@@ -261,16 +276,30 @@ class _Training:
                 "settings": self.settings.model_dump(mode="json"),
                 "device": str(self.model.device),
                 "dtype": str(self.model.dtype),
+                "precision": self.precision,  # resolved: teacher prefill and training
             },
         )
 
 
-def _with_precision(settings: DrafterTrainSettings, dtype) -> DrafterTrainSettings:
-    """`autocast: auto` resolved: bf16 autocast where the target serves bf16, else off."""
-    if settings.trainer.autocast != "auto":
-        return settings
-    precision = "bfloat16" if dtype == torch.bfloat16 else "off"
-    trainer = settings.trainer.model_copy(update={"autocast": precision})
+def _precisions(settings: DrafterTrainSettings, model) -> dict[str, str]:
+    """The teacher prefill's and the trainer's precision, `auto` resolved (one measurement of
+    this device's bf16 speed-up, only when an `auto` needs it)."""
+    measured: list[float] = []
+
+    def speedup() -> float:
+        if not measured:
+            measured.append(precision.bf16_speedup(model.device))
+        return measured[0]
+
+    return {
+        "teacher": precision.resolve(settings.teacher_autocast, model.dtype, speedup),
+        "trainer": precision.resolve(settings.trainer.autocast, model.dtype, speedup),
+    }
+
+
+def _with_trainer_precision(settings: DrafterTrainSettings, resolved: str) -> DrafterTrainSettings:
+    """The settings with the trainer's `autocast` resolved."""
+    trainer = settings.trainer.model_copy(update={"autocast": resolved})
     return settings.model_copy(update={"trainer": trainer})
 
 

@@ -27,6 +27,16 @@ def test_prefill_rows_equal_single_forwards(tiny_llama):
         assert g.tolist() == out.logits[0].argmax(-1).tolist()
 
 
+@torch.inference_mode()
+def test_prefill_under_autocast_keeps_bf16_features_near_the_exact_ones(tiny_llama):
+    model = tiny_llama(0)
+    exact = prefill(model, SEQS, (0, -1))
+    for (f, g), (f_exact, _) in zip(prefill(model, SEQS, (0, -1), autocast=True), exact):
+        assert f.dtype == torch.bfloat16 and g.dtype == torch.long
+        assert f.shape == f_exact.shape
+        assert torch.allclose(f.float(), f_exact, atol=0.1, rtol=0.05)
+
+
 def test_teacher_data_stops_at_the_deadline_and_resumes_from_disk(
     tiny_llama, tmp_path, monkeypatch
 ):
@@ -58,6 +68,7 @@ def test_cache_key_changes_with_what_the_data_depends_on():
         cache_key("w", "a" * 64, torch.bfloat16, (-1,), "c"),
         cache_key("w", None, torch.float32, (-1,), "c"),
         cache_key("w", None, torch.bfloat16, (3, -1), "c"),
+        cache_key("w", None, torch.bfloat16, (-1,), "c", autocast=True),
         cache_key("w", None, torch.bfloat16, (-1,), "d"),
     ]
-    assert len({base, *others}) == 6
+    assert len({base, *others}) == 7

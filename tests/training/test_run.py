@@ -109,3 +109,40 @@ def test_drafters_train_and_decode_exactly_on_each_family(
     engine = Engine(model, tokenizer, frozenset(), drafters={kind: loaded})
     res = engine.generate(ids, SamplingParams(max_new_tokens=20), kind)
     assert res.output_ids == want[0, len(ids) :].tolist()
+
+
+def test_training_data_prefilled_in_bf16_held_out_data_as_served(
+    tmp_path, tiny_llama, tiny_hf_tokenizer
+):
+    """teacher_autocast bf16 over an fp32 target: the training corpus's teacher data is bf16,
+    the held-out set's is the target's own fp32 (held-out acceptance scores the served target);
+    the manifest records both resolved precisions."""
+    import torch
+
+    settings = _settings("eagle", tmp_path).model_copy(update={"teacher_autocast": "bfloat16"})
+    model = tiny_llama(1, init_range=0.1)
+    drafter = train_drafter(
+        model,
+        tiny_hf_tokenizer,
+        "tiny",
+        frozenset({2}),
+        tmp_path / "eagle",
+        settings,
+        data_dir=tmp_path / "data",
+    )
+    dtypes = {}
+    for part in (tmp_path / "data").glob("teacher-*/part-*.pt"):
+        for features, _ in torch.load(part, weights_only=True).values():
+            dtypes.setdefault(part.parent.name, set()).add(features.dtype)
+    held = settings.heldout
+    sizes = {
+        name: sum(
+            len(torch.load(p, weights_only=True))
+            for p in (tmp_path / "data" / name).glob("part-*.pt")
+        )
+        for name in dtypes
+    }
+    by_size = {("held" if n == held else "train"): dtypes[name] for name, n in sizes.items()}
+    assert by_size == {"held": {torch.float32}, "train": {torch.bfloat16}}
+    assert drafter.manifest.training["precision"]["teacher"] == "bfloat16"
+    assert drafter.manifest.training["precision"]["trainer"] in ("bfloat16", "off")
