@@ -34,29 +34,48 @@ class BenchPrompt:
     ids: list[int]
 
 
+@dataclass(frozen=True)
+class MethodRun:
+    """One greedy decode of one prompt by one method: its output, wall time and target forwards;
+    ours also give their decode steps' verify widths, accepted draft tokens by source, and the
+    seconds their decode steps spent drafting and verifying."""
+
+    output: list[int]
+    seconds: float
+    forwards: int
+    widths: list[int] = field(default_factory=list)
+    sources: dict[str, int] = field(default_factory=dict)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+
 @dataclass
 class MethodTotals:
     outputs: dict[int, list[int]] = field(default_factory=dict)  # question_id -> output ids
     by_task: dict[str, list[float]] = field(default_factory=dict)  # task -> [tokens, s, forwards]
     widths: list[int] = field(default_factory=list)  # tokens scored by each decode step (ours)
     accepted_by_source: Counter = field(default_factory=Counter)  # hybrid: eagle/prompt/pool
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
 
-    def add(
-        self,
-        prompt: BenchPrompt,
-        output: list[int],
-        seconds: float,
-        forwards: int,
-        widths=(),
-        sources: dict[str, int] | None = None,
-    ) -> None:
-        self.outputs[prompt.question_id] = output
-        self.widths += widths
-        self.accepted_by_source.update(sources or {})
+    def add(self, prompt: BenchPrompt, run: MethodRun) -> None:
+        self.outputs[prompt.question_id] = run.output
+        self.widths += run.widths
+        self.accepted_by_source.update(run.sources)
+        self.draft_seconds += run.draft_seconds
+        self.verify_seconds += run.verify_seconds
         row = self.by_task.setdefault(prompt.task, [0, 0.0, 0])
-        row[0] += len(output)
-        row[1] += seconds
-        row[2] += forwards
+        row[0] += len(run.output)
+        row[1] += run.seconds
+        row[2] += run.forwards
+
+    @property
+    def draft_cost(self) -> float | None:
+        """Drafting time over verifying time in decode steps: a draft step's cost as a share
+        of a target verify step's (None: nothing drafted, or not timed)."""
+        if not self.draft_seconds or not self.verify_seconds:
+            return None
+        return self.draft_seconds / self.verify_seconds
 
 
 def load_specbench(path: Path, per_task: int, tokenizer) -> list[BenchPrompt]:
@@ -123,13 +142,10 @@ def run_method(
     fp32=None,
     pool: NGramPool | None = None,
 ):
-    """One greedy decode (with LoRA `adapter` if given); returns (output ids, seconds, forwards,
-    verify widths, accepted draft tokens by source). `fp32`: the float32 copy of the model
+    """One greedy decode (with LoRA `adapter` if given). `fp32`: the float32 copy of the model
     `hf_ar_fp32` runs on; `pool`: the n-gram pool to draft from and feed (None: a fresh one)."""
     sync_device(engine.model.device)
     start = time.perf_counter()
-    widths: list[int] = []
-    sources: dict[str, int] = {}
     if name in BASELINES:
         model = fp32 if name == "hf_ar_fp32" else engine.model
         if model is None:
@@ -137,13 +153,20 @@ def run_method(
         output, forwards = run_hf(
             model, ids, max_new_tokens, engine.eos_ids, pld=name == "hf_pld", adapter=adapter
         )
-    else:
-        params = SamplingParams(max_new_tokens=max_new_tokens)
-        result = engine.generate(ids, params, name, config, pool=pool, adapter=adapter)
-        output, forwards, widths = result.output_ids, result.forwards, result.widths
-        sources = result.accepted_by_source
+        sync_device(engine.model.device)
+        return MethodRun(output, time.perf_counter() - start, forwards)
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    result = engine.generate(ids, params, name, config, pool=pool, adapter=adapter)
     sync_device(engine.model.device)
-    return output, time.perf_counter() - start, forwards, widths, sources
+    return MethodRun(
+        result.output_ids,
+        time.perf_counter() - start,
+        result.forwards,
+        result.widths,
+        result.accepted_by_source,
+        result.draft_seconds,
+        result.verify_seconds,
+    )
 
 
 def run_bench(
@@ -166,11 +189,12 @@ def run_bench(
     for i, prompt in enumerate(prompts, 1):
         line = []
         for name, config in methods.items():
-            output, seconds, forwards, widths, sources = run_method(
+            run = run_method(
                 engine, name, config, prompt.ids, max_new_tokens, adapter, fp32, pools.get(name)
             )
-            totals[name].add(prompt, output, seconds, forwards, widths, sources)
-            line.append(f"{name} {len(output) / seconds:.1f} tok/s τ {len(output) / forwards:.2f}")
+            totals[name].add(prompt, run)
+            n = len(run.output)
+            line.append(f"{name} {n / run.seconds:.1f} tok/s τ {n / run.forwards:.2f}")
         log(f"[{i}/{len(prompts)}] {prompt.task}#{prompt.question_id}: " + " | ".join(line))
     return totals
 
@@ -191,7 +215,8 @@ def build_report(
     model_id, device, prompts, max_new_tokens, totals: dict[str, MethodTotals], curve=None
 ) -> dict:
     """{"model", "device", "prompts", "max_new_tokens", "results": {NAME: {"tok_s", "tau",
-    "speedup_vs_hf_ar", "identical_to_ar", "by_task": {TASK: {"tok_s", "tau"}}}}}; with the
+    "speedup_vs_hf_ar", "identical_to_ar", "by_task": {TASK: {"tok_s", "tau"}}}}}; a drafting
+    method also gets "draft_cost" (its decode steps' drafting time / their verify time); with the
     cost `curve`, ours also get "mean_padded_width", "predicted_speedup" (τ / mean relative
     step cost) and "efficiency" (measured speedup over ar / predicted) and "efficiency_vs_hf_ar"
     (the same with the speedup over hf_ar)."""
@@ -215,6 +240,8 @@ def build_report(
             results[name].update(_predicted(curve, method.widths, tau))
         if method.accepted_by_source:
             results[name]["accepted_by_source"] = dict(method.accepted_by_source)
+        if method.draft_cost is not None:
+            results[name]["draft_cost"] = round(method.draft_cost, 4)
     ar_predicted = results.get("ar", {}).get("predicted_speedup")
     for name, r in results.items():
         if "predicted_speedup" in r and ar_predicted:
@@ -269,7 +296,7 @@ def check_contract(
 def format_table(report: dict) -> str:
     tasks = sorted({t for r in report["results"].values() for t in r["by_task"]})
     head = (
-        f"{'method':<15}{'tok/s':>8}{'tau':>7}{'vs hf_ar':>10}{'same':>6}{'eff':>6}  "
+        f"{'method':<15}{'tok/s':>8}{'tau':>7}{'vs hf_ar':>10}{'same':>6}{'eff':>6}{'draft':>7}  "
         + " ".join(f"{t[:12]:>12}" for t in tasks)
     )
     lines = [head, "-" * len(head)]
@@ -284,11 +311,14 @@ def format_table(report: dict) -> str:
         if r["identical_to_ar"] is False and "all_ties" in r:
             same = "tie" if r["all_ties"] else "NO"
         eff = f"{r['efficiency']:.2f}" if "efficiency" in r else "-"
+        draft = f"{r['draft_cost']:.3f}" if "draft_cost" in r else "-"
         lines.append(
-            f"{name:<15}{r['tok_s']:>8.1f}{r['tau']:>7.2f}{speed_s:>10}{same:>6}{eff:>6}  {cells}"
+            f"{name:<15}{r['tok_s']:>8.1f}{r['tau']:>7.2f}{speed_s:>10}{same:>6}{eff:>6}"
+            f"{draft:>7}  {cells}"
         )
     lines.append("(per task: tau/tok_s; same: identical to ar, tie: differs only at ties; ")
-    lines.append(" eff: measured speedup over ar / (tau / relative cost of the padded widths))")
+    lines.append(" eff: measured speedup over ar / (tau / relative cost of the padded widths);")
+    lines.append(" draft: a decode step's drafting time / its verify time)")
     if "invariance" in report:
         inv = report["invariance"]
         lines.append(f"invariant: {str(inv['invariant']).lower()} ({inv['reason']})")

@@ -11,6 +11,8 @@ from typing import Literal
 
 import torch
 
+from specserve.training.settings import DrafterTrainSettings
+
 Precision = Literal["bfloat16", "off"]
 
 # bf16 products this much faster than fp32 ones make autocast worth its rounding
@@ -53,3 +55,25 @@ def resolve(
     if target_dtype != torch.float32:
         return "off"
     return "bfloat16" if speedup() >= MIN_SPEEDUP else "off"
+
+
+def resolved(settings: DrafterTrainSettings, model) -> dict[str, Precision]:
+    """The teacher prefill's and the trainer's precision, `auto` resolved (one measurement of
+    this device's bf16 speed-up, only when an `auto` needs it)."""
+    measured: list[float] = []
+
+    def speedup() -> float:
+        if not measured:
+            measured.append(bf16_speedup(model.device))
+        return measured[0]
+
+    return {
+        "teacher": resolve(settings.teacher_autocast, model.dtype, speedup),
+        "trainer": resolve(settings.trainer.autocast, model.dtype, speedup),
+    }
+
+
+def with_trainer(settings: DrafterTrainSettings, resolved: Precision) -> DrafterTrainSettings:
+    """The settings with the trainer's `autocast` resolved."""
+    trainer = settings.trainer.model_copy(update={"autocast": resolved})
+    return settings.model_copy(update={"trainer": trainer})

@@ -121,7 +121,7 @@ class _Training:
         self.budget_s = run.settings.budget_minutes * 60
         self.weights = base_weights_sha256(run.model)
         self.trainer = TRAINERS.get(run.settings.kind)
-        self.precision = _precisions(run.settings, run.model)
+        self.precision = precision.resolved(run.settings, run.model)
         run.log(
             f"precision: teacher prefill {self.precision['teacher']}, training "
             f"{self.precision['trainer']} (bf16 autocast or off; target {run.model.dtype})"
@@ -242,7 +242,7 @@ class _Training:
             train=train,
             heldout=held,
             spec=spec,
-            settings=_with_trainer_precision(self.settings, self.precision["trainer"]),
+            settings=precision.with_trainer(self.settings, self.precision["trainer"]),
             budget_s=max(train_s, 1.0),
             checkpoint=ckpt,
             progress=_quiet,
@@ -279,28 +279,6 @@ class _Training:
                 "precision": self.precision,  # resolved: teacher prefill and training
             },
         )
-
-
-def _precisions(settings: DrafterTrainSettings, model) -> dict[str, str]:
-    """The teacher prefill's and the trainer's precision, `auto` resolved (one measurement of
-    this device's bf16 speed-up, only when an `auto` needs it)."""
-    measured: list[float] = []
-
-    def speedup() -> float:
-        if not measured:
-            measured.append(precision.bf16_speedup(model.device))
-        return measured[0]
-
-    return {
-        "teacher": precision.resolve(settings.teacher_autocast, model.dtype, speedup),
-        "trainer": precision.resolve(settings.trainer.autocast, model.dtype, speedup),
-    }
-
-
-def _with_trainer_precision(settings: DrafterTrainSettings, resolved: str) -> DrafterTrainSettings:
-    """The settings with the trainer's `autocast` resolved."""
-    trainer = settings.trainer.model_copy(update={"autocast": resolved})
-    return settings.model_copy(update={"trainer": trainer})
 
 
 def _progress(tbar) -> Callable[[dict], None]:

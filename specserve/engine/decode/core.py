@@ -125,7 +125,9 @@ class Decoder:
 
     def step(self, state: RequestState) -> StepResult:
         """One target forward: propose a draft, verify it, commit the accepted path + bonus."""
+        started = time.perf_counter()
         draft = self.propose(state)
+        proposed = time.perf_counter()
         past = hf_internals.cache_length(state.cache)
         width = len(state.pending) + draft_width(draft)
         pad_to = self.pad_width(width) if self.pad_width and len(state.pending) == 1 else 0
@@ -141,7 +143,10 @@ class Decoder:
             state.adapter,
             aligned,
         )
-        verdict = self.accept(state, draft, out)
+        verdict = self.accept(state, draft, out)  # reads the rows: a device sync point
+        if len(state.pending) == 1:
+            state.verify_seconds += time.perf_counter() - proposed
+            state.draft_seconds += proposed - started
         hf_internals.keep_rows(state.cache, past + len(state.pending), verdict.accepted)
         return self.commit(state, draft, out, verdict)
 
@@ -233,6 +238,7 @@ class Decoder:
         accepted = verdict.accepted
         _count(state.accepted_by_depth, len(accepted))
         new_ids = self._commit(state, [draft.tree.tokens[i] for i in accepted] + [verdict.bonus])
+        observing = time.perf_counter()
         state.proposer.observe(draft, out.aux_tokens, state.tokens)
         if out.features is not None and not state.done:
             # rows whose next token is now committed: every pending row, then the accepted nodes
@@ -242,6 +248,8 @@ class Decoder:
                 features = torch.cat([*state.prefill_features, features])
                 state.prefill_features = []
             state.proposer.observe_features(features, state.tokens)
+        if pending == 1:
+            state.draft_seconds += time.perf_counter() - observing
         logprobs = verdict.logprobs
         logprobs = logprobs[: len(new_ids)] if logprobs is not None else None  # cut by EOS / limit
         return StepResult(new_ids, self._stream_text(state, new_ids), logprobs)
@@ -299,6 +307,8 @@ class Decoder:
             drafted_by_depth=list(state.drafted_by_depth),
             accepted_by_depth=list(state.accepted_by_depth),
             accepted_by_source=dict(getattr(state.proposer, "accepted_by_source", {})),
+            draft_seconds=state.draft_seconds,
+            verify_seconds=state.verify_seconds,
         )
 
 

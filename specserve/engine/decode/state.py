@@ -39,6 +39,10 @@ class RequestState:
     finish_reason: str | None = None
     prefill_features: list = field(default_factory=list)  # [m, L, H] per prefill chunk so far
     capped_steps: int = 0  # decode steps whose draft the batch's load cut
+    # decode steps only (one pending token): seconds in the proposer (propose + observe), and
+    # in the target's verify forward + acceptance (`Decoder.step` only: a batch's is shared)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
     started_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
 
@@ -89,6 +93,8 @@ class GenerationResult:
     accepted_by_depth: list[int] = field(default_factory=list)  # [d]: steps accepting >= d+1
     # accepted draft tokens per source, for proposers that merge several (e.g. hybrid)
     accepted_by_source: dict[str, int] = field(default_factory=dict)
+    draft_seconds: float = 0.0  # decode steps: in the proposer (RequestState.draft_seconds)
+    verify_seconds: float = 0.0  # decode steps: verify forward + acceptance
 
 
 def feature_layers(state: RequestState) -> tuple[int, ...]:
