@@ -117,11 +117,11 @@ class _Training:
     def __init__(self, run: TrainRun):
         self.run, self.model, self.log = run, run.model, run.log
         self.settings = run.settings
-        self.started = time.monotonic()
         self.budget_s = run.settings.budget_minutes * 60
         self.weights = base_weights_sha256(run.model)
         self.trainer = TRAINERS.get(run.settings.kind)
         self.precision = precision.resolved(run.settings, run.model)
+        self.started = time.monotonic()  # the budget's clock: after the one-off measurement
         run.log(
             f"precision: teacher prefill {self.precision['teacher']}, training "
             f"{self.precision['trainer']} (bf16 autocast or off; target {run.model.dtype})"

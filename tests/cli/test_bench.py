@@ -57,6 +57,7 @@ def test_bench_report_contract(tmp_path, model_dir, main):
     common = {"tok_s", "tau", "speedup_vs_hf_ar", "identical_to_ar", "by_task"}
     contract = {"divergences", "max_tie_gap", "all_ties"}
     ours = {"mean_padded_width", "predicted_speedup", "efficiency", "efficiency_vs_hf_ar"}
+    ours |= {"draft_cost"}  # decode steps' drafting seconds / verify seconds
     for name, r in report["results"].items():
         expected = common | (
             ours if name in ("ar", "prompt_lookup", "lookahead", "hybrid") else set()
