@@ -118,8 +118,6 @@ def _train_eagle(job: TrainingJob) -> Trained:
         )
         for s, size in ((job.train, ts.eagle_batch_seqs), (job.heldout, 4))
     )
-    if ts.eagle_init == "last_layer" and not job.checkpoint.exists():
-        eagle.init_from_target(job.module, job.target)
     std = None  # fused features: noise is added after fusion, scaled by its own std
     if job.module.fuse is None:
         std = torch.cat([f[:, 0].float() for f in job.train.features]).std(

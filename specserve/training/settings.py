@@ -32,11 +32,6 @@ class TrainerSettings(BaseModel):
         "0.386 -> 0.416, depth 3 0.242 -> 0.294)",
     )
     feature_noise: float = Field(0.05, ge=0, description="uniform noise, times feature std")
-    eagle_init: Literal["random", "last_layer"] = Field(
-        "random",
-        description="EAGLE's draft layer at the start of training: random, or the target's last "
-        "decoder layer (its base weights) with fc passing the feature through",
-    )
     autocast: Literal["auto", "bfloat16", "off"] = Field(
         "auto",
         description="compute the loss under bf16 autocast (fp32 weights and optimizer; on a core "

@@ -274,33 +274,6 @@ def test_backbone_accessors_see_through_a_peft_wrapper(tiny_llama):
     assert type(hf_internals.decoder_layer(wrapped)) is type(base.model.layers[0])
 
 
-@torch.inference_mode()
-def test_layer_weights_load_into_a_fresh_layer_that_then_computes_the_targets_layer(tiny_llama):
-    """`layer_weights(model, -1)` fits a fresh `decoder_layer` exactly (strict load), which then
-    equals the target's last layer; through a peft wrapper the base weights come, LoRA left out."""
-    import copy
-
-    import peft
-
-    model = tiny_llama(0)
-    last = model.model.layers[-1]
-    layer = hf_internals.decoder_layer(model)
-    layer.load_state_dict(hf_internals.layer_weights(model, -1), strict=True)
-    x = torch.randn(1, 5, model.config.hidden_size)
-    pos = torch.arange(5)[None]
-    causal = torch.ones(5, 5, dtype=torch.bool).tril()
-    mask = torch.zeros(5, 5).masked_fill_(~causal, torch.finfo(torch.float32).min)[None, None]
-    rope = hf_internals.rotary(model, x, pos)
-    got = hf_internals.layer_forward(layer, x, mask, pos, None, rope)
-    assert torch.equal(got, hf_internals.layer_forward(last, x, mask, pos, None, rope))
-    wrapped = peft.get_peft_model(
-        copy.deepcopy(model), peft.LoraConfig(r=2, target_modules=["q_proj"])
-    )
-    weights = hf_internals.layer_weights(wrapped, -1)
-    assert weights.keys() == last.state_dict().keys()
-    assert torch.equal(weights["self_attn.q_proj.weight"], last.self_attn.q_proj.weight)
-
-
 # --- batch rows: append_row / gather_rows ----------------------------------------------------
 
 

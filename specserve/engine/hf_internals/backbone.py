@@ -69,15 +69,6 @@ def decoder_layer(model, config=None, layer_idx: int = 0) -> torch.nn.Module:
     return layer_type(config or model.config, layer_idx=layer_idx)
 
 
-def layer_weights(model, index: int) -> dict[str, torch.Tensor]:
-    """The weights of the target's decoder layer `index` (-1: the last), keyed as a fresh
-    `decoder_layer`'s state dict (the base weights: a peft wrapper's LoRA parts are left out)."""
-    layer = _decoder(model).layers[index]
-    return {
-        k.replace(".base_layer.", "."): v for k, v in layer.state_dict().items() if "lora_" not in k
-    }
-
-
 def final_norm(model) -> torch.nn.Module:
     """The norm the target applies before its LM head (`norm`; GPT-NeoX: `final_layer_norm`)."""
     decoder = _decoder(model)

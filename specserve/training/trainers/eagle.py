@@ -16,15 +16,6 @@ from specserve.training.settings import TrainerSettings
 from specserve.training.trainers.loop import Loop, trainable_targets
 
 
-@torch.no_grad()
-def init_from_target(draft: EagleDraft, target) -> None:
-    """Start the draft layer as the target's last decoder layer, and fc as [embedding half as
-    initialized | identity on the feature half], so u = feature + W_e · embedding at step 0."""
-    draft.layer.load_state_dict(hf_internals.layer_weights(target, -1), strict=True)
-    hidden = draft.fc.weight.shape[0]
-    draft.fc.weight[:, hidden:] = torch.eye(hidden, dtype=draft.fc.weight.dtype)
-
-
 def eagle_unrolled(
     draft: EagleDraft,
     target,

@@ -104,26 +104,3 @@ def test_eagle_loss_shares_the_teacher_logits_across_passes():
     got = eagle.eagle_loss(outs, batch, rows_w, settings)
     want = _eagle_loss_reference(outs, batch, rows_w, settings)
     assert torch.allclose(got, want, rtol=1e-12), (got, want)
-
-
-@torch.no_grad()
-def test_init_from_target_starts_as_the_targets_last_layer_over_the_feature(tiny_llama):
-    """`init_from_target`: fc passes the feature through (its embedding half as initialized), the
-    draft layer computes the target's last layer; with a zero embedding the draft is that layer
-    applied to the feature."""
-    from specserve.engine import hf_internals
-    from specserve.engine.drafters.modules import additive_mask
-
-    model = tiny_llama(1, init_range=0.1)
-    draft = build_module(model, EagleSpec())
-    embed_half = draft.fc.weight[:, : model.config.hidden_size].clone()
-    eagle.init_from_target(draft, model)
-    assert torch.equal(draft.fc.weight[:, : model.config.hidden_size], embed_half)
-    feats = torch.randn(1, 4, model.config.hidden_size)
-    pos = torch.arange(4)[None]
-    mask = additive_mask(torch.ones(4, 4, dtype=torch.bool).tril(), torch.float32)[None, None]
-    got = draft(torch.zeros_like(feats), feats, mask, pos, model)
-    rope = hf_internals.rotary(model, feats, pos)
-    last = model.model.layers[-1]
-    want = hf_internals.layer_forward(last, feats, mask, pos, None, rope)
-    assert torch.allclose(got, want, atol=1e-6)
