@@ -215,8 +215,8 @@ def build_report(
     model_id, device, prompts, max_new_tokens, totals: dict[str, MethodTotals], curve=None
 ) -> dict:
     """{"model", "device", "prompts", "max_new_tokens", "results": {NAME: {"tok_s", "tau",
-    "speedup_vs_hf_ar", "identical_to_ar", "by_task": {TASK: {"tok_s", "tau"}}}}}; a drafting
-    method also gets "draft_cost" (its decode steps' drafting time / their verify time); with the
+    "speedup_vs_hf_ar", "identical_to_ar", "by_task": {TASK: {"tok_s", "tau"}}}}}; ours also
+    get "draft_cost" (their decode steps' drafting time / their verify time); with the
     cost `curve`, ours also get "mean_padded_width", "predicted_speedup" (τ / mean relative
     step cost) and "efficiency" (measured speedup over ar / predicted) and "efficiency_vs_hf_ar"
     (the same with the speedup over hf_ar)."""

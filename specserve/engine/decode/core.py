@@ -125,7 +125,6 @@ class Decoder:
 
     def step(self, state: RequestState) -> StepResult:
         """One target forward: propose a draft, verify it, commit the accepted path + bonus."""
-        started = time.perf_counter()
         draft = self.propose(state)
         proposed = time.perf_counter()
         past = hf_internals.cache_length(state.cache)
@@ -146,7 +145,6 @@ class Decoder:
         verdict = self.accept(state, draft, out)  # reads the rows: a device sync point
         if len(state.pending) == 1:
             state.verify_seconds += time.perf_counter() - proposed
-            state.draft_seconds += proposed - started
         hf_internals.keep_rows(state.cache, past + len(state.pending), verdict.accepted)
         return self.commit(state, draft, out, verdict)
 
@@ -184,7 +182,10 @@ class Decoder:
     def propose(self, state: RequestState, max_draft: int | None = None) -> Draft:
         """The proposer's draft, cut to `max_draft` tokens (None: uncut; 0: no draft) and, on
         the position-invariant forward, to what its attention takes (`hf_internals.DEPTH`)."""
+        started = time.perf_counter()
         draft = state.proposer.propose(state.tokens)
+        if len(state.pending) == 1:
+            state.draft_seconds += time.perf_counter() - started
         if self.invariance.invariant:
             draft = cap_depth(draft, hf_internals.DEPTH)
         return draft if max_draft is None else cap_draft(draft, max_draft)

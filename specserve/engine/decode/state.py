@@ -39,8 +39,9 @@ class RequestState:
     finish_reason: str | None = None
     prefill_features: list = field(default_factory=list)  # [m, L, H] per prefill chunk so far
     capped_steps: int = 0  # decode steps whose draft the batch's load cut
-    # decode steps only (one pending token): seconds in the proposer (propose + observe), and
-    # in the target's verify forward + acceptance (`Decoder.step` only: a batch's is shared)
+    # decode steps only (one pending token): seconds in the proposer (propose + observe, on
+    # every path), and in the target's verify forward + acceptance (`Decoder.step` only: a
+    # batched forward's time is shared by its rows)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     started_at: float = field(default_factory=time.perf_counter)
