@@ -205,7 +205,9 @@ class _Training:
         total = len(held_c.sequences) + sum(len(c.sequences) for c, _, _ in train_parts)
         self.log(f"teacher data (layers {layers}) for {total} sequences ({source}) ...")
         held = self.sequences(held_c, held_dir, layers, None, bar)
-        deadline = self.started + s.features_share * self.budget_s
+        # the training corpus's prefill may take features_share of the budget left now
+        left = self.budget_s - (time.monotonic() - self.started)
+        deadline = time.monotonic() + s.features_share * left
         bf16 = self.precision["teacher"] == "bfloat16"
         train = _joined(
             [self.sequences(c, d, layers, deadline, bar, bf16) for c, d, _ in train_parts],

@@ -51,7 +51,11 @@ class DrafterTrainSettings(BaseModel):
     budget_minutes: float = Field(20.0, gt=0, description="whole command, teacher prefill included")
     corpus: CorpusSettings = CorpusSettings()
     features_share: float = Field(
-        0.5, gt=0, le=1, description="most of the budget teacher prefill may take (cached: none)"
+        0.5,
+        gt=0,
+        le=1,
+        description="most of the budget left after the held-out set's prefill that the "
+        "training corpus's teacher prefill may take (cached: none)",
     )
     teacher_autocast: Literal["auto", "bfloat16", "off"] = Field(
         "auto",
