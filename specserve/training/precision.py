@@ -61,15 +61,9 @@ def resolve(
 
 
 def resolved(settings: DrafterTrainSettings, model) -> dict[str, Precision]:
-    """The teacher prefill's and the trainer's precision, `auto` resolved (one measurement of
-    this device's bf16 speed-up, only when an `auto` needs it)."""
-    measured: list[float] = []
-
-    def speedup() -> float:
-        if not measured:
-            measured.append(bf16_speedup(model.device))
-        return measured[0]
-
+    """The teacher prefill's and the trainer's precision, `auto` resolved (this device's bf16
+    speed-up is measured only when an `auto` needs it, once: `bf16_speedup` is cached)."""
+    speedup = functools.partial(bf16_speedup, model.device)
     return {
         "teacher": resolve(settings.teacher_autocast, model.dtype, speedup),
         "trainer": resolve(settings.trainer.autocast, model.dtype, speedup),
