@@ -21,7 +21,13 @@ class TrainerSettings(BaseModel):
     medusa_batch_rows: int = Field(256, ge=1)
     medusa_decay: float = Field(0.8, gt=0, description="loss weight of head k: decay ** k")
     eagle_batch_seqs: int = Field(8, ge=1)
-    ttt_steps: int = Field(2, ge=1, description="unrolled draft steps trained (EAGLE-3 style)")
+    ttt_steps: int = Field(
+        1,
+        ge=1,
+        description="unrolled draft passes trained (EAGLE-3's training-time test); each pass "
+        "costs a whole step's compute: at equal time on a 2-core Zen 3, 1 pass made 1.8x the "
+        "steps and held-out τ 1.95 against 1.85 for 2 (depth-1 0.44 vs 0.37, deeper lower)",
+    )
     reg_weight: float = Field(0.5, ge=0, description="feature regression (smooth L1) weight")
     ce_weight: float = Field(1.0, ge=0, description="token cross-entropy weight")
     soft_labels: bool = Field(
@@ -77,7 +83,11 @@ class DrafterTrainSettings(BaseModel):
     )
     draft_vocab: int = Field(8192, ge=16)
     eagle_context: int = Field(
-        64, ge=1, description="prompt tokens kept before each answer in EAGLE training rows"
+        16,
+        ge=1,
+        description="prompt tokens kept before each answer in EAGLE training rows (their rows "
+        "cost compute but train only the feature regression; at equal time on a 2-core Zen 3, "
+        "16 against 64: held-out τ 1.90 vs 1.85 with 2 passes, 2.00 vs 1.95 with 1)",
     )
     eval_seconds: float = Field(60, ge=0, description="time reserved for held-out evaluation")
     tau_prompts: int = Field(6, ge=0, description="held-out prompts decoded to measure τ")
