@@ -12,6 +12,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 
 from specserve.engine.match_stats import MatchStats
+from specserve.engine.node_calibration import NodeCalibration
 from specserve.engine.output_index import OutputIndex
 
 Key = tuple[int, ...]
@@ -40,6 +41,7 @@ class NGramPool:
         self._lock = threading.Lock()
         # measured acceptance of drafts from this variant's n-grams (the hybrid proposer's)
         self.match_stats = MatchStats()
+        self.node_calibration = NodeCalibration()  # measured acceptance of its scored nodes
         self.outputs = OutputIndex()  # the variant's recent outputs (the hybrid's counts)
 
     def __len__(self) -> int:

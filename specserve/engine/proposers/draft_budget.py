@@ -11,6 +11,7 @@ def keep_count(
     relative_cost: dict[int, float],
     chain_len: int | None = None,
     tree_cost: dict[int, float] | None = None,
+    rate: float | None = None,
 ) -> int:
     """How many of the best nodes (acceptance probabilities `probs`, best first) to verify.
 
@@ -20,6 +21,11 @@ def keep_count(
     Example: probs [0.9, 0.5, 0.1], costs {1: 1, 2: 1.1, 3: 1.3, 4: 1.9}: k 0..3 give 1.0,
     1.73, 1.85, 1.05 -> 2; with chain_len 1 and tree costs {3: 1.5, 4: 2.0}, k = 2 gives
     2.4 / 1.5 = 1.6 and k = 1 wins (1.73).
+
+    With `rate` (the tokens per unit cost the request reaches), the k maximizing expected - rate
+    x cost: the step that raises the whole request's tokens / cost, where the per-step ratio
+    over-drafts once the request beats 1 (Dinkelbach). Example: probs [0.65], costs {1: 1, 2:
+    1.6}: the ratio keeps it (1.65 / 1.6 > 1); at rate 1.2, 1.65 - 1.92 < 1 - 1.2 -> 0.
     """
     k_max = min(budget, len(probs))
     if not relative_cost:
@@ -30,13 +36,27 @@ def keep_count(
     for k in range(k_max + 1):
         if k:
             expected += probs[k - 1]
-        cost = relative_at(relative_cost, 1 + aux + k)
-        if tree_cost and (k > chain_len or aux > 0):  # a tree: never cheaper than the chain
-            cost = max(cost, relative_at(tree_cost, 1 + aux + k))
-        speed = expected / cost
-        if speed > best:
+        cost = step_cost(k, aux, relative_cost, chain_len, tree_cost)
+        speed = expected / cost if rate is None else expected - rate * cost
+        if k == 0 or speed > best:
             best_k, best = k, speed
     return best_k
+
+
+def step_cost(
+    k: int,
+    aux: int,
+    relative_cost: dict[int, float],
+    chain_len: int,
+    tree_cost: dict[int, float] | None = None,
+) -> float:
+    """The verify cost of the root, `aux` rows and k nodes of which the first `chain_len` form a
+    chain; a tree (k > chain_len, or aux rows) never costs less than the chain. Example: costs
+    {2: 1.1, 4: 1.9}, trees {4: 2.0}: k 3, chain_len 3 -> 1.9; chain_len 1 -> 2.0."""
+    cost = relative_at(relative_cost, 1 + aux + k)
+    if tree_cost and (k > chain_len or aux > 0):
+        cost = max(cost, relative_at(tree_cost, 1 + aux + k))
+    return cost
 
 
 def relative_at(cost: dict[int, float], width: int) -> float:

@@ -6,8 +6,10 @@ Every node is scored as the probability that verification accepts it: EAGLE's pa
 for a continuation, how often it followed the recent occurrences of the matched suffix in the
 context and the variant's other outputs (continuations.py, output_index.py); for a pool chain
 (or, without counts, a prompt match), the product of its source's measured per-depth acceptance
-(`MatchStats`, shared per variant). Nodes are kept best first; with the device's cost curve the
-number kept maximizes expected tokens per step over the step's cost.
+(`MatchStats`, shared per variant); each score then scaled by how often verified nodes of its
+source and score were accepted (`NodeCalibration`, per variant). Nodes are kept best first; with
+the device's cost curve the number kept maximizes expected tokens - r x cost, r the tokens per
+unit of cost the request has reached (draft_budget.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import math
 import time
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.engine.match_stats import MatchStats, common_prefix
 from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy
@@ -26,86 +27,21 @@ from specserve.engine.proposers.continuations import (
     count_paths,
     path_log_scores,
 )
-from specserve.engine.proposers.draft_budget import chain_prefix, keep_count, relative_at
-from specserve.engine.proposers.eagle import EagleConfig, EagleProposer
+from specserve.engine.proposers.draft_budget import (
+    chain_prefix,
+    keep_count,
+    relative_at,
+    step_cost,
+)
+from specserve.engine.proposers.draft_trie import DraftTrie, tree_paths
+from specserve.engine.proposers.eagle import EagleProposer
+from specserve.engine.proposers.hybrid_config import HybridConfig
 from specserve.engine.proposers.lookahead import LookaheadConfig, LookaheadProposer
-from specserve.engine.proposers.prompt_lookup import PromptLookupConfig, PromptLookupProposer
-from specserve.engine.proposers.source_gate import GateConfig, SourceGate
+from specserve.engine.proposers.prompt_lookup import PromptLookupProposer
+from specserve.engine.proposers.source_gate import SourceGate
 from specserve.engine.tree import Draft, DraftTree
 
 SOURCES = ("eagle", "prompt", "pool")  # how accepted tokens are attributed
-
-
-class HybridConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    budget: int = Field(12, ge=0, description="most draft tokens verified per step")
-    relative_cost: dict[int, float] = Field(
-        {},
-        description="verify cost per width relative to one row (the device cost curve); when "
-        "set, each step keeps the node count maximizing expected tokens / cost (<= budget)",
-    )
-    relative_tree_cost: dict[int, float] = Field(
-        {},
-        description="the same for a tree of that width (the invariant forward gathers a tree's "
-        "keys: dearer than a chain); a step whose kept nodes branch is priced by it",
-    )
-    prompt: PromptLookupConfig = PromptLookupConfig(
-        max_ngram=3, min_ngram=1, draft_len=8, max_matches=4
-    )
-    counts: CountsConfig | None = Field(
-        CountsConfig(),
-        description="score the context's continuations by how often each followed the matched "
-        "suffix (None: prompt matches scored by their measured acceptance per match length)",
-    )
-    pool_guesses: int = Field(4, ge=0, description="pool continuations considered per step")
-    pool_prior: tuple[float, float] = Field(
-        (1.0, 9.0),
-        description="Beta prior of a pool token's acceptance until measured: a fresh pool holds "
-        "the prompt's own n-grams, which the continuation counts already score",
-    )
-    pool_draft_len: int = Field(6, ge=1, description="pool chains extended by lookups to this")
-    window: LookaheadConfig | None = Field(
-        LookaheadConfig(window=2, ngram=3, guesses=0),
-        description="the Lookahead window that feeds the pool (None: the pool is fed by "
-        "prompt and output n-grams only)",
-    )
-    eagle: EagleConfig = EagleConfig(depth=5, topk=4, total_tokens=1)
-    use_drafter: bool = Field(True, description="draft with EAGLE when the variant has one")
-    gate: GateConfig = Field(
-        GateConfig(),
-        description="EAGLE and the window's rows run only on steps they pay for (source_gate.py)",
-    )
-
-
-class _Trie:
-    """Merged candidates: node (parent, token) -> index; per node the best score (log
-    probability of acceptance) and the source that gave it."""
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.parents: list[int] = []
-        self.scores: list[float] = []
-        self.owners: list[str] = []
-        self._index: dict[tuple[int, int], int] = {}
-
-    def add(self, parent: int, token: int, score: float, owner: str) -> int:
-        node = self._index.get((parent, token))
-        if node is None:
-            node = self._index[(parent, token)] = len(self.tokens)
-            self.tokens.append(token)
-            self.parents.append(parent)
-            self.scores.append(score)
-            self.owners.append(owner)
-        elif score > self.scores[node]:
-            self.scores[node], self.owners[node] = score, owner
-        return node
-
-    def add_chain(self, chain: list[int], log_rates: list[float], owner: str) -> None:
-        parent, score = -1, 0.0
-        for token, log_rate in zip(chain, log_rates):
-            score += log_rate
-            parent = self.add(parent, token, score, owner)
 
 
 class HybridProposer:
@@ -116,6 +52,7 @@ class HybridProposer:
         self.lookahead = LookaheadProposer(window.model_copy(update={"guesses": 0}), ctx)
         self.pool = self.lookahead.pool
         self.stats: MatchStats = self.pool.match_stats
+        self.calibration = self.pool.node_calibration if config.calibrate else None
         self.eagle = (
             EagleProposer(config.eagle, ctx)
             if config.use_drafter and ctx.drafter is not None
@@ -126,6 +63,9 @@ class HybridProposer:
         self.accepted_by_source = dict.fromkeys(SOURCES, 0)
         self._chains: list[tuple[str, list[int]]] = []  # this step's n-gram chains
         self._owners: dict[tuple[int, ...], str] = {}  # kept path -> its source
+        self._predicted: dict[tuple[int, ...], float] = {}  # kept path -> its raw probability
+        self._tokens, self._cost = 0, 0.0  # committed tokens and verify cost (curve) so far
+        self._step_cost = 1.0  # the last kept draft's cost on the curve
         self._proposed_at = 0
         self.gate = SourceGate(config.gate)  # the EAGLE drafter, priced in seconds
         self.window_gate = SourceGate(config.gate)  # the window's rows, by the cost curve
@@ -138,7 +78,7 @@ class HybridProposer:
 
     def propose(self, tokens: list[int]) -> Draft:
         self._proposed_at = len(tokens)
-        trie = _Trie()
+        trie = DraftTrie()
         self._chains = self._ngram_chains(tokens)
         for source, chain in self._chains:
             if source == "pool" or self.config.counts is None:
@@ -154,7 +94,7 @@ class HybridProposer:
         self._step_end = time.perf_counter()
         return draft
 
-    def _drafter_step(self, trie: _Trie, tokens: list[int]) -> None:
+    def _drafter_step(self, trie: DraftTrie, tokens: list[int]) -> None:
         """EAGLE's nodes into the trie when the gate says they pay for their time; the step's
         time since the last propose (verify, commit) is recorded first."""
         if self.eagle is None:
@@ -184,7 +124,7 @@ class HybridProposer:
                 chains.append(("pool", self._extend(list(cont), key_len)))
         return chains
 
-    def _add_continuations(self, trie: _Trie, tokens: list[int], counts: CountsConfig) -> None:
+    def _add_continuations(self, trie: DraftTrie, tokens: list[int], counts: CountsConfig) -> None:
         """Every suffix length's continuation trie, counted over this request's context and the
         variant's other recent outputs, merged (a node keeps its best score). A node no
         continuation of the context reached is the variant's ("pool")."""
@@ -216,32 +156,44 @@ class HybridProposer:
             chain.extend(more[0])
         return chain[: self.config.pool_draft_len]
 
-    def _add_eagle(self, trie: _Trie, tokens: list[int]) -> None:
+    def _add_eagle(self, trie: DraftTrie, tokens: list[int]) -> None:
         ids, parents, scores = self.eagle.candidates(tokens)
         node_of: dict[int, int] = {}
         for i, (token, parent, score) in enumerate(zip(ids, parents, scores)):
             node_of[i] = trie.add(node_of[parent] if parent >= 0 else -1, token, score, "eagle")
 
-    def _select(self, trie: _Trie, aux: int) -> DraftTree:
-        order = sorted(range(len(trie.tokens)), key=lambda i: (-trie.scores[i], i))
-        probs = [math.exp(trie.scores[i]) for i in order]
+    def _calibrated(self, trie: DraftTrie) -> list[float]:
+        """Each node's log score after calibration, never above its parent's (so best first
+        stays closed under ancestors)."""
+        if self.calibration is None:
+            return trie.scores
+        out: list[float] = []
+        for score, parent, owner in zip(trie.scores, trie.parents, trie.owners):
+            p = self.calibration.calibrated(owner.split(":")[0], math.exp(score))
+            log_p = math.log(max(p, 1e-12))
+            out.append(min(log_p, out[parent]) if parent >= 0 else log_p)
+        return out
+
+    def _select(self, trie: DraftTrie, aux: int) -> DraftTree:
+        scores = self._calibrated(trie)
+        order = sorted(range(len(trie.tokens)), key=lambda i: (-scores[i], i))
+        probs = [math.exp(scores[i]) for i in order]
         chain_len = chain_prefix(order, trie.parents)
-        k = keep_count(
-            probs,
-            self.config.budget,
-            aux,
-            self.config.relative_cost,
-            chain_len,
-            self.config.relative_tree_cost,
-        )
+        curve, trees = self.config.relative_cost, self.config.relative_tree_cost
+        rate = None  # plain decoding reaches 1: the request's rate is never priced below it
+        if self.config.rate_aware and self._cost:
+            rate = max(1.0, self._tokens / self._cost)
+        k = keep_count(probs, self.config.budget, aux, curve, chain_len, trees, rate)
+        self._step_cost = step_cost(k, aux, curve, chain_len, trees) if curve else 1.0
         keep = sorted(order[:k])  # best first is closed under ancestors: scores fall with depth
         new_index = {old: new for new, old in enumerate(keep)}
         paths: dict[int, tuple[int, ...]] = {}
-        self._owners = {}
+        self._owners, self._predicted = {}, {}
         for i in keep:
             parent = trie.parents[i]
             paths[i] = (paths[parent] if parent >= 0 else ()) + (trie.tokens[i],)
             self._owners[paths[i]] = trie.owners[i].split(":")[0]
+            self._predicted[paths[i]] = math.exp(trie.scores[i])
         return DraftTree(
             tuple(trie.tokens[i] for i in keep),
             tuple(new_index[trie.parents[i]] if trie.parents[i] >= 0 else -1 for i in keep),
@@ -249,7 +201,8 @@ class HybridProposer:
 
     def observe(self, draft: Draft, aux_tokens: list[int], tokens: list[int]) -> None:
         committed = tokens[self._proposed_at :]  # accepted draft tokens, then the bonus (if room)
-        verified = _paths(draft.tree)
+        self._tokens, self._cost = self._tokens + len(committed), self._cost + self._step_cost
+        verified = tree_paths(draft.tree)
         ngram_reach = 0
         for source, chain in self._chains:
             depth = 0
@@ -265,6 +218,8 @@ class HybridProposer:
                 break
             self.accepted_by_source[owner] += 1
             accepted, from_pool = d, from_pool + (owner == "pool")
+        if self.calibration is not None:
+            self._calibrate(tuple(committed[:accepted]))
         if self._drafter_s > 0:
             self.gate.record_tokens(accepted, accepted - min(ngram_reach, accepted))
         if self.eagle is not None:
@@ -274,6 +229,15 @@ class HybridProposer:
         self.lookahead.observe(draft, aux_tokens, tokens)  # no window: feeds the pool only
         self.pool.outputs.extend(self._output_id, tokens[self._indexed :])
         self._indexed = len(tokens)
+
+    def _calibrate(self, accepted: tuple[int, ...]) -> None:
+        """Every kept node's outcome: accepted iff its path is a prefix of the accepted tokens."""
+        self.calibration.record(
+            [
+                (self._owners[path], p, path == accepted[: len(path)])
+                for path, p in self._predicted.items()
+            ]
+        )
 
     def _rows_share(self, draft: Draft, owner: str) -> float:
         """The share of this verify's cost (on the cost curve) that `owner`'s kept nodes added;
@@ -297,15 +261,6 @@ class HybridProposer:
     def observe_features(self, features, tokens: list[int]) -> None:
         """Kept until the next step that drafts with EAGLE (one draft-layer pass for them all)."""
         self._features.append(features)
-
-
-def _paths(tree: DraftTree) -> set[tuple[int, ...]]:
-    """Every node's token path from the root. Example: tokens (5, 6, 8), parents (-1, 0, -1)
-    -> {(5,), (5, 6), (8,)}."""
-    paths: list[tuple[int, ...]] = []
-    for token, parent in zip(tree.tokens, tree.parents):
-        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
-    return set(paths)
 
 
 def _build(config: HybridConfig, ctx: ProposerContext) -> HybridProposer:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specserve.engine.proposers.draft_budget import chain_prefix, keep_count
+from specserve.engine.proposers.draft_budget import chain_prefix, keep_count, step_cost
 
 
 def test_keep_count_worked_example():
@@ -38,3 +38,20 @@ def test_keep_count_counts_the_window_rows():
     costs = {1: 1.0, 4: 1.0, 5: 2.0}
     assert keep_count([0.9], 4, 3, costs) == 0  # 1 + 3 window rows + 1 node = 5: too dear
     assert keep_count([0.9], 4, 2, costs) == 1
+
+
+def test_keep_count_at_the_requests_rate():
+    """The docstring's example: one node at 0.65 on costs {1: 1, 2: 1.6} pays by the step's
+    own ratio (1.65 / 1.6) but not once the request reaches 1.2 tokens per unit of cost."""
+    costs = {1: 1.0, 2: 1.6}
+    assert keep_count([0.65], 4, 0, costs) == 1
+    assert keep_count([0.65], 4, 0, costs, rate=1.0) == 1  # 0.05 > 0
+    assert keep_count([0.65], 4, 0, costs, rate=1.2) == 0  # -0.27 < -0.2
+    assert keep_count([0.95, 0.9], 4, 0, {1: 1.0, 2: 1.6, 3: 1.65}, rate=1.2) == 2
+
+
+def test_step_cost_worked_example():
+    costs, trees = {2: 1.1, 4: 1.9}, {4: 2.0}
+    assert step_cost(3, 0, costs, 3, trees) == 1.9
+    assert step_cost(3, 0, costs, 1, trees) == 2.0
+    assert step_cost(1, 0, costs, 1, trees) == 1.1

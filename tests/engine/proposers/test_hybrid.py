@@ -10,12 +10,8 @@ import pytest
 
 from specserve.engine.ngram_pool import NGramPool
 from specserve.engine.proposers.base import ProposerContext
-from specserve.engine.proposers.hybrid import (
-    HybridConfig,
-    HybridProposer,
-    _paths,
-    limit,
-)
+from specserve.engine.proposers.draft_trie import tree_paths as _paths
+from specserve.engine.proposers.hybrid import HybridConfig, HybridProposer, limit
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.tree import Draft, DraftTree
 
@@ -28,10 +24,6 @@ def test_limit_worked_example():
     assert small.budget == 6 and small.window is None
     mid = limit(cfg, 10)
     assert mid.window is not None and mid.budget == 6  # 4 window rows + 6 nodes
-
-
-def test_paths_example():
-    assert _paths(DraftTree((5, 6, 8), (-1, 0, -1))) == {(5,), (5, 6), (8,)}
 
 
 def _proposer(prompt, pool=None, **cfg) -> HybridProposer:
@@ -128,6 +120,7 @@ def test_reduces_to_eagle_without_ngram_matches(drafting_engine, budget):
         "prompt": {"min_ngram": 30, "max_ngram": 30},
         "eagle": {"depth": 3, "topk": 3},
         "gate": {"enabled": False},  # EAGLE every step, as `eagle` runs it
+        "calibrate": False,  # EAGLE's own scores rank the nodes, as `eagle` ranks them
     }
     eagle = engine.generate(prompt, params, "eagle", eagle_cfg)
     hybrid = engine.generate(prompt, params, "hybrid", hybrid_cfg)
@@ -210,3 +203,35 @@ def test_rows_share_worked_example():
     proposer._owners = {p: ("eagle" if i < 4 else "prompt") for i, p in enumerate(paths)}
     assert proposer._rows_share(Draft(tree), "eagle") == pytest.approx(0.2)
     assert _proposer([1, 2, 3])._rows_share(Draft(tree), "eagle") == 0.0
+
+
+def test_calibration_records_each_kept_node_and_its_outcome():
+    """Kept nodes 2 > 3 > 4 (a prompt match) and the target accepting 2, 3 then choosing 8:
+    2 and 3 count as accepted, 4 not; their raw predictions are what is recorded."""
+    pool = NGramPool()
+    prompt = [1, 2, 3, 4, 9, 1]
+    proposer = _proposer(prompt, pool, pool_guesses=0)
+    draft = proposer.propose(prompt)
+    kept = dict(proposer._predicted)
+    assert {(2,), (2, 3), (2, 3, 4)} <= set(kept)
+    proposer.observe(draft, [], prompt + [2, 3, 8])
+    accepted = sum(a for _, a in pool.node_calibration.snapshot()["prompt"])
+    assert accepted == 2
+    predicted = sum(p for p, _ in pool.node_calibration.snapshot()["prompt"])
+    assert predicted == pytest.approx(sum(kept.values()), abs=1e-3)
+
+
+def test_calibration_stops_drafting_what_a_steep_curve_does_not_repay():
+    """Prompt matches scored ~0.5-0.8 that were never accepted: on a curve where a second row
+    costs 1.6x, the calibrated proposer drafts nothing; without calibration it drafts."""
+    prompt = [1, 2, 3, 4, 9, 1, 2, 3, 4, 9, 1]
+    steep = {1: 1.0, 2: 1.6, 4: 1.7, 8: 1.9, 16: 2.0}
+    pool = NGramPool()
+    fresh = _proposer(prompt, pool, pool_guesses=0, relative_cost=steep)
+    assert len(fresh.propose(prompt).tree) > 0
+    for b in range(3):
+        pool.node_calibration.record([("prompt", 0.9 / 2**b, False)] * 200)
+    calibrated = _proposer(prompt, pool, pool_guesses=0, relative_cost=steep)
+    assert len(calibrated.propose(prompt).tree) == 0
+    plain = _proposer(prompt, pool, pool_guesses=0, relative_cost=steep, calibrate=False)
+    assert len(plain.propose(prompt).tree) > 0
