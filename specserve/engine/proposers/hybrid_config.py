@@ -19,7 +19,8 @@ class HybridConfig(BaseModel):
     relative_cost: dict[int, float] = Field(
         {},
         description="verify cost per width relative to one row (the device cost curve); when "
-        "set, each step keeps the node count maximizing expected tokens / cost (<= budget)",
+        "set, each step keeps the node count (<= budget) maximizing expected tokens - r x cost "
+        "(`rate_aware`) or expected tokens / cost",
     )
     relative_tree_cost: dict[int, float] = Field(
         {},
