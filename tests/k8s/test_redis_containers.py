@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -37,6 +38,10 @@ needs_redis = pytest.mark.skipif(
 )
 
 
+def _server_dir() -> str:
+    return str(Path(shutil.which("redis-server")).parent)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -65,7 +70,8 @@ def _start(objs, role, tmp_path):
     argv[2] = argv[2].replace("/etc/redis/redis.conf", str(tmp_path / "redis.conf"))
     proc = subprocess.Popen(
         argv,
-        env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "REDIS_PASSWORD": PASSWORD},
+        # the redis-server `needs_redis` found (setup may link one into the venv), then the system's
+        env={"PATH": _server_dir() + ":/usr/bin:/bin:/usr/sbin:/sbin", "REDIS_PASSWORD": PASSWORD},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
