@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from specserve.engine.forward.head import use_float32_head
+from specserve.engine.forward.head import install_head
 from specserve.engine.ties import measure_tolerance, tolerance_sequences
 from specserve.engine.tuning.cost import measure_cost_curve
 from specserve.models.load import load_model
@@ -23,7 +23,7 @@ def main() -> None:
     sequences = tolerance_sequences(loaded.tokenizer, loaded.model.config.vocab_size)
     for label in ("model dtype", "float32 head"):
         if label == "float32 head":
-            use_float32_head(loaded.model)
+            install_head(loaded.model, float32=True)
         tol = measure_tolerance(loaded.model, sequences)
         cost = measure_cost_curve(loaded.model, "ab", sizes=(1, 4), repeats=5)
         print(

@@ -21,7 +21,7 @@ from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec
 from specserve.adapters.variants import PoolBook
 from specserve.engine.forward.compiled import forward_key
-from specserve.engine.forward.head import use_float32_head
+from specserve.engine.forward.head import install_head
 from specserve.engine.tuning.cost import CostCurve
 from specserve.engine.tuning.drafts import cached_choices
 from specserve.engine.tuning.dtype_choice import Workload
@@ -113,8 +113,9 @@ def load_target(target: TargetSettings, log: Callable[[str], object] = logger.in
         loaded.model_id = target.name  # the served name, whatever directory it came from
     if loaded.dtype_choice is not None:
         log(f"dtype {loaded.dtype_choice.chosen} (auto: {loaded.dtype_choice.reason})")
-    if target.float32_logits and use_float32_head(loaded.model):
-        log("logits: the LM head runs in float32")
+    head = install_head(loaded.model, float32=target.float32_logits)
+    if head is not None:
+        log(f"logits: {head}")
     adapters = None
     if target.adapters is not None:
         adapters = resident_adapters(loaded, target.adapters, log)

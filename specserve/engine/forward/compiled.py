@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import DynamicCache
 
 from specserve.engine import hf_internals
+from specserve.engine.forward.head import column_head
 from specserve.engine.forward.inputs import attention_masks, build_inputs
 from specserve.engine.lora.batch import takes_adapters
 from specserve.engine.tree import Draft, DraftTree
@@ -104,13 +105,14 @@ def runner(model, q: int, past: int):
 
 
 def forward_key(model) -> str:
-    """The dtype, plus "+invariant" on the position-invariant forward and "+compiled" once the
-    compiled forward serves: keys the cost curve and tuning, which differ between them.
-    Example: "torch.bfloat16+invariant"."""
+    """The dtype, plus "+invariant" on the position-invariant forward, "+compiled" once the
+    compiled forward serves and "+column_head" with the column LM head (`head`): keys the cost
+    curve and tuning, which differ between them. Example: "torch.bfloat16+invariant"."""
     if hf_internals.is_invariant(model):  # it never runs compiled (`verify_forward`)
         return f"{model.dtype}+invariant"
     compiled = _ATTACHED.get(model)
     suffix = "+compiled" if compiled is not None and compiled.ready else ""
+    suffix += "+column_head" if column_head(model) else ""
     return f"{model.dtype}{suffix}"
 
 
