@@ -20,6 +20,7 @@ from torch import nn
 from specserve.engine.drafters.modules import EagleDraft, MedusaHeads, additive_mask
 from specserve.engine.drafters.specs import EagleSpec, MedusaSpec
 from specserve.engine.drafters.trees import choose_tree_size, greedy_tree
+from specserve.engine.forward.head import column_head, head_product
 from specserve.engine.registry import Registry
 from specserve.engine.tuning.cost import CostCurve
 
@@ -62,7 +63,7 @@ def _medusa_heads(target, spec: MedusaSpec) -> MedusaHeads:
 def _medusa_level(drafter, rows: torch.Tensor, nodes: int) -> torch.Tensor:
     """All heads and the LM head for one feature (the heads draft every depth at once)."""
     feature = torch.zeros(drafter.target.config.hidden_size, device=rows.device, dtype=rows.dtype)
-    return drafter.module(feature) @ rows.T
+    return drafter.module.logits(feature, rows, column_head(drafter.target))
 
 
 def _medusa_tree(acc: list[list[float]], curve: CostCurve, step_cost: float, max_size: int) -> dict:
@@ -84,7 +85,8 @@ def _eagle_level(drafter, rows: torch.Tensor, nodes: int) -> torch.Tensor:
     mask = additive_mask(torch.ones(nodes, nodes, dtype=torch.bool, device=dev), dtype)[None, None]
     pos = torch.zeros(1, nodes, dtype=torch.long, device=dev)
     h = drafter.module(e, e, mask, pos, target, None)
-    return torch.log_softmax((h[0] @ rows.T).float(), dim=-1)
+    logits = head_product(h[0], rows, column_head(target))  # [nodes, v], as the proposer's
+    return torch.log_softmax(logits.float(), dim=-1)
 
 
 def _eagle_tree(acc: list[list[float]], curve: CostCurve, step_cost: float, max_size: int) -> dict:

@@ -14,6 +14,7 @@ from torch import nn
 
 from specserve.engine import hf_internals
 from specserve.engine.drafters.specs import EagleSpec, MedusaSpec
+from specserve.engine.forward.head import head_product
 
 
 class ResBlock(nn.Module):
@@ -43,12 +44,16 @@ class MedusaHeads(nn.Module):
         """h [..., H] (the target's final feature) -> [..., heads, H], each fed to the LM head."""
         return torch.stack([block(h) for block in self.blocks], dim=-2)
 
-    def logits(self, h: torch.Tensor, shared_rows: torch.Tensor) -> torch.Tensor:
+    def logits(
+        self, h: torch.Tensor, shared_rows: torch.Tensor, column: bool = False
+    ) -> torch.Tensor:
         """h [..., H] -> [..., heads, v]: over `shared_rows` [v, H] (the frozen LM head's rows
-        of the request's draft vocabulary), or over each head's own rows (v = own_head)."""
+        of the request's draft vocabulary; `column`: as `head_product`), or over each head's
+        own rows (v = own_head)."""
         out = self(h)  # [..., K, H]
         if self.head is None:
-            return out @ shared_rows.T
+            flat = head_product(out.reshape(-1, out.shape[-1]), shared_rows, column)
+            return flat.reshape(*out.shape[:-1], -1)
         return torch.einsum("...kh,kvh->...kv", out, self.head)
 
 

@@ -32,13 +32,21 @@ class LmHead(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.weight.dtype)
-        rows = x.reshape(-1, x.shape[-1])  # [M, hidden]
-        if not self.column or rows.shape[0] < 2:
+        if not self.column:
             return F.linear(x, self.weight, self.bias)
-        out = torch.mm(self.weight, rows.T).T  # [M, vocab]
+        out = head_product(x.reshape(-1, x.shape[-1]), self.weight, column=True)  # [M, vocab]
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def head_product(x: torch.Tensor, weight: torch.Tensor, column: bool) -> torch.Tensor:
+    """x [M, H] @ weight [V, H]^T -> [M, V]; as (weight @ x^T)^T when `column` and M >= 2.
+
+    Example: x [[1, 2]], weight [[1, 0], [0, 1], [1, 1]] -> [[1, 2, 3]] either way."""
+    if column and x.shape[0] >= 2:
+        return torch.mm(weight, x.T).T
+    return x @ weight.T
 
 
 def column_faster(weight: torch.Tensor, rows=(2, 4, 8), repeats: int = 5) -> bool:

@@ -17,6 +17,7 @@ from specserve.engine.drafters.modules import additive_mask
 from specserve.engine.drafters.specs import EagleSpec
 from specserve.engine.drafters.trees import select_nodes
 from specserve.engine.drafters.vocab import head_rows, request_vocab
+from specserve.engine.forward.head import column_head, head_product
 from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy, trained_drafter
 from specserve.engine.tree import Draft, DraftTree
 
@@ -39,6 +40,7 @@ class EagleProposer:
         self.feature_layers = tuple(drafter.spec.feature_layers)
         self.vocab = request_vocab(drafter.draft_vocab, ctx.prompt_ids, ctx.vocab_size)
         self.rows = head_rows(self.target, self.vocab)  # [v, H]
+        self.column = column_head(self.target)  # the draft head's product, as the target's
         self.embed = self.target.get_input_embeddings()
         self.cache = hf_internals.empty_cache()
         self.committed = 0  # draft cache rows = committed positions with a known next token
@@ -54,7 +56,8 @@ class EagleProposer:
         return self.draft(e, feats[None], mask, pos, self.target, self.cache)[0]
 
     def _logp(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax((h @ self.rows.T).float(), dim=-1)  # [q, v]
+        logits = head_product(h, self.rows, self.column)  # [q, v]
+        return torch.log_softmax(logits.float(), dim=-1)
 
     @torch.inference_mode()
     def observe_features(self, features: torch.Tensor, tokens: list[int]) -> None:

