@@ -51,26 +51,33 @@ def head_product(x: torch.Tensor, weight: torch.Tensor, column: bool) -> torch.T
 
 def column_faster(weight: torch.Tensor, rows=(2, 4, 8), repeats: int = 5) -> bool:
     """Whether (W @ x^T)^T beats `F.linear(x, W)` by COLUMN_GAIN over `rows`-row products
-    (summed medians of `repeats`, alternating, after one warm-up each); CPU only."""
+    (`product_seconds`); CPU only (elsewhere another library's kernels decide: False)."""
     if weight.device.type != "cpu":
         return False
-    times = {"linear": 0.0, "column": 0.0}
+    linear, column = product_seconds(weight, rows, repeats)
+    return column * COLUMN_GAIN <= linear
+
+
+def product_seconds(weight: torch.Tensor, rows=(2, 4, 8), repeats: int = 5) -> tuple[float, float]:
+    """(F.linear's, the column product's) seconds: per row count the median of `repeats`
+    timed calls after a warm-up, summed over `rows`; the two alternate on fresh inputs."""
     products = {
         "linear": lambda x: F.linear(x, weight),
         "column": lambda x: torch.mm(weight, x.T).T,
     }
+    total = dict.fromkeys(products, 0.0)
     with torch.inference_mode():
         for m in rows:
             samples = {name: [] for name in products}
             for _ in range(repeats + 1):
                 for name, product in products.items():
-                    x = torch.randn(m, weight.shape[1], dtype=weight.dtype)
+                    x = torch.randn(m, weight.shape[1], dtype=weight.dtype, device=weight.device)
                     start = time.perf_counter()
                     product(x)
                     samples[name].append(time.perf_counter() - start)
             for name, got in samples.items():
-                times[name] += statistics.median(got[1:])
-    return times["column"] * COLUMN_GAIN <= times["linear"]
+                total[name] += statistics.median(got[1:])
+    return total["linear"], total["column"]
 
 
 def install_head(model, float32: bool = False) -> str | None:

@@ -18,6 +18,7 @@ from specserve.engine.forward.head import (
     column_head,
     head_product,
     install_head,
+    product_seconds,
 )
 from specserve.engine.sampling import SamplingParams
 
@@ -92,7 +93,7 @@ def test_row_tiles_replace_the_column_product(tiny_llama):
     assert not column_head(model) and "+column_head" not in forward_key(model)
 
 
-def test_column_faster_is_measured_on_cpu_only():
-    assert column_faster(torch.randn(64, 8), rows=(2,), repeats=1) in (True, False)
-    if torch.cuda.is_available():
-        assert column_faster(torch.randn(64, 8, device="cuda")) is False
+def test_product_seconds_times_both_products_and_only_cpu_is_measured():
+    linear, column = product_seconds(torch.randn(64, 8), rows=(2, 3), repeats=3)
+    assert linear > 0 and column > 0
+    assert column_faster(torch.empty(64, 8, device="meta")) is False  # not measured off CPU
