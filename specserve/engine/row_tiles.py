@@ -47,17 +47,26 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, plan: TilePlan | No
     return torch.cat(parts).reshape(*x.shape[:-1], weight.shape[0])
 
 
-def tile_linears(model: torch.nn.Module, tile: int) -> TilePlan:
+def tile_linears(
+    model: torch.nn.Module,
+    tile: int,
+    untiled: frozenset[tuple[int, int]] = frozenset(),
+    dtype: torch.dtype | None = None,
+) -> TilePlan:
     """Every `nn.Linear` of `model` computes in row tiles of `tile` (its hooks, e.g. the LoRA
-    rows', still see the whole input; they read `row_plan` to tile their own products). Inside
-    the decoder stack the tiled forward is switched on only for forwards of more than `tile`
-    rows (or aligned prompt rows): a Python wrapper per linear costs ~2 % of a short forward."""
+    rows', still see the whole input; they read `row_plan` to tile their own products), except
+    those of an (in, out) shape in `untiled` with weights in `dtype` (the probe found them
+    invariant at any rows), left as they are. Inside the decoder stack the tiled forward is
+    switched on only for forwards of more than `tile` rows (or aligned prompt rows): a Python
+    wrapper per linear costs ~2 % of a short forward."""
     plan = TilePlan(tile)
     stack = _decoder_stack(model)
     in_stack = {id(m) for m in stack.modules()} if stack is not None else set()
     inner = []
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
+        if isinstance(module, torch.nn.Linear) and not (
+            (module.in_features, module.out_features) in untiled and module.weight.dtype == dtype
+        ):
             module.row_plan = plan
             if id(module) in in_stack:
                 inner.append(module)

@@ -160,6 +160,23 @@ def test_the_probe_reports_float32_and_bfloat16_here(tiny_llama):
     assert fp32.dtype == "torch.float32" and fp32.reason
 
 
+def test_row_tile_tiles_only_the_shapes_that_vary(monkeypatch):
+    """A Zen 4's bf16 kernels: 1536 -> 576 changes path above 5 rows, the rest never."""
+    first_varies = {(1536, 576): 6, (576, 1536): None, (576, 576): None}
+
+    def fake(in_f, out_f, dtype, rows):
+        m = first_varies[(in_f, out_f)]
+        return m if m is not None and m <= max(rows) else None
+
+    monkeypatch.setattr(invariance, "first_variant_rows", fake)
+    shapes = tuple(sorted(first_varies))
+    assert invariance.row_tile(shapes, torch.bfloat16) == (4, ((576, 576), (576, 1536)))
+    first_varies[(1536, 576)] = None
+    assert invariance.row_tile(shapes, torch.bfloat16) == (None, ())
+    first_varies[(1536, 576)] = 2
+    assert invariance.row_tile(shapes, torch.bfloat16) == (0, ())
+
+
 @pytest.fixture(scope="module")
 def tiled_engine(tiny_llama, tokenizer, random_drafter):
     """The invariant engine with its linears in 32-row tiles and prompts in aligned 64-row

@@ -52,3 +52,29 @@ def test_tiled_and_untiled_forwards_agree(tiny_llama):
         for rows in (1, 5):
             got = model(input_ids=ids[:, :rows]).logits
             assert torch.allclose(got, reference(input_ids=ids[:, :rows]).logits)
+
+
+def test_shapes_invariant_at_any_rows_stay_untiled(tiny_llama):
+    """Only the linears whose shape the probe found varying get the plan; an untiled shape in
+    another dtype than the probed one (an fp32 head over a bf16 model) is tiled all the same."""
+    model = copy.deepcopy(tiny_llama(1)).bfloat16()
+    layer = model.model.layers[0]
+    down, q = layer.mlp.down_proj, layer.self_attn.q_proj
+    shape = (down.in_features, down.out_features)
+    assert shape != (q.in_features, q.out_features)
+    untiled = frozenset(
+        (m.in_features, m.out_features) for m in model.modules() if isinstance(m, torch.nn.Linear)
+    ) - {shape}
+    model.lm_head.float()
+    plan = row_tiles.tile_linears(model, 4, untiled, torch.bfloat16)
+    assert down.row_plan is plan and row_tiles.row_plan(q) is None and not _tiled(q)
+    assert model.lm_head.row_plan is plan  # fp32 weights: not the probed dtype
+    calls = []
+    original = row_tiles.linear
+    row_tiles.linear = lambda *a, **k: calls.append(tuple(a[1].shape)) or original(*a, **k)
+    try:
+        with torch.no_grad():
+            model.model(input_ids=torch.tensor([[1, 2, 3, 4, 5, 6]]))
+    finally:
+        row_tiles.linear = original
+    assert set(calls) == {(down.out_features, down.in_features)}  # [out, in] weights

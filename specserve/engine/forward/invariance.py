@@ -15,7 +15,9 @@ from specserve.engine import hf_internals, kernels, row_tiles
 
 # the row counts a forward may have: 1..16 and the batched / prefill widths up to a 512 chunk
 PROBED_ROWS = (*range(1, 18), 24, 31, 32, 33, 48, 63, 64, 65, 96, 128, 192, 256, 320, 384, 512)
-TILES = (32, 16, 8)  # row tiles tried where a linear is not row-invariant to PROBED_ROWS[-1]
+# row tiles tried where a linear is not row-invariant to PROBED_ROWS[-1] (4: a Zen 4's bf16
+# 1536 -> 576 product changes path above 5 rows)
+TILES = (32, 16, 8, 4)
 
 
 class InvarianceReport(BaseModel):
@@ -28,6 +30,8 @@ class InvarianceReport(BaseModel):
     torch: str
     threads: int
     row_tile: int | None = None  # rows per linear product (None: any number is invariant)
+    # (in, out) shapes invariant at any number of rows: their linears run in one product
+    untiled: list[tuple[int, int]] = []
 
 
 def probe(model) -> InvarianceReport:
@@ -65,7 +69,7 @@ def _probe(linears, attention, windowed, dtype, device, threads, version):
     if windowed:
         reason = "sliding-window layers: the invariant attention covers full attention only"
         return InvarianceReport(invariant=False, reason=reason, **where)
-    tile = _row_tile(linears, dt)
+    tile, untiled = row_tile(linears, dt)
     if tile == 0:
         worst = next(s for s in linears if first_variant_rows(*s, dt, _upto(TILES[-1])))
         reason = f"{dtype} F.linear {worst[0]}->{worst[1]} is not row-invariant here, even in tiles"
@@ -78,20 +82,31 @@ def _probe(linears, attention, windowed, dtype, device, threads, version):
     if not attention_invariant(*attention, dt):
         reason = f"{dtype} position-invariant attention differs between layouts here"
         return InvarianceReport(invariant=False, reason=reason, **where)
-    rows = f"in row tiles of {tile}" if tile else f"to {PROBED_ROWS[-1]} rows"
+    rows = f"to {PROBED_ROWS[-1]} rows"
+    if tile:
+        tiled = len(linears) - len(untiled)
+        rows = f"in row tiles of {tile} ({tiled} of {len(linears)} shapes; the rest {rows})"
     reason = f"{dtype} linears row-invariant {rows}; attention invariant to layout"
-    return InvarianceReport(invariant=True, reason=reason, row_tile=tile, **where)
+    return InvarianceReport(
+        invariant=True, reason=reason, row_tile=tile, untiled=list(untiled), **where
+    )
 
 
-def _row_tile(linears, dtype) -> int | None:
-    """None when every shape is row-invariant at all PROBED_ROWS, else the largest of TILES up
-    to which all are (0: none is)."""
-    if all(first_variant_rows(*s, dtype, PROBED_ROWS) is None for s in linears):
-        return None
+def row_tile(linears, dtype) -> tuple[int | None, tuple[tuple[int, int], ...]]:
+    """(tile, untiled shapes): tile None when every shape is row-invariant at all PROBED_ROWS;
+    else the largest of TILES up to which every other shape is (0: none is), and those others
+    run in its tiles while the shapes invariant at any rows (`untiled`) run in one product.
+
+    Example: 576 -> 576 invariant everywhere, 1536 -> 576 only up to 5 rows -> (4, ((576, 576),)).
+    """
+    untiled = tuple(s for s in linears if first_variant_rows(*s, dtype, PROBED_ROWS) is None)
+    if len(untiled) == len(linears):
+        return None, ()
+    rest = [s for s in linears if s not in untiled]
     for tile in TILES:
-        if all(first_variant_rows(*s, dtype, _upto(tile)) is None for s in linears):
-            return tile
-    return 0
+        if all(first_variant_rows(*s, dtype, _upto(tile)) is None for s in rest):
+            return tile, untiled
+    return 0, ()
 
 
 def _upto(tile: int) -> tuple[int, ...]:
@@ -190,6 +205,7 @@ def apply(model, enabled: bool = True) -> InvarianceReport:
         report = report.model_copy(update={"invariant": False, "reason": "turned off"})
     if report.invariant:
         if report.row_tile is not None and getattr(model, "row_plan", None) is None:
-            row_tiles.tile_linears(model, report.row_tile)
+            untiled = frozenset(map(tuple, report.untiled))
+            row_tiles.tile_linears(model, report.row_tile, untiled, model.dtype)
         hf_internals.enable_invariant(model)
     return report
