@@ -41,7 +41,10 @@ def cmd_generate(args) -> int:
     from specserve.engine.decode.engine import Engine  # lazy: +3 s (torch, transformers)
     from specserve.engine.proposers import REGISTRY  # lazy: +3 s (torch, transformers)
     from specserve.engine.sampling import SamplingParams  # lazy: +1 s (torch)
-    from specserve.platform.serving import cached_tuning  # lazy: +3 s (torch, transformers)
+    from specserve.platform.serving import (  # lazy: +3 s (torch, transformers)
+        cached_tuning,
+        serving_forward,
+    )
 
     params = from_flags(SamplingParams, args, stop=args.stop or [])
     config = parse_overrides(args.config, scoped=False)
@@ -52,6 +55,7 @@ def cmd_generate(args) -> int:
     target = load_command_target(args)
     drafters = load_drafters(args.drafter_dir, target, kinds) if kinds else {}
     compile_forward(args, target.served, features=bool(kinds))
+    serving_forward(target.served)
     tuning = cached_tuning(target.served, [args.strategy])  # of the forward as compiled
     tuned_config = tuning.configs.get(args.strategy)
     if kinds and not config and tuning.curve is not None:

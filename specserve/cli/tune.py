@@ -36,9 +36,12 @@ def tuned_methods(args, served, strategies: list[str]):
         load_or_tune,
         with_cost,
     )
+    from specserve.platform.serving import serving_forward  # lazy: +3 s (torch, transformers)
 
     loaded = served.loaded
     overrides = parse_overrides(getattr(args, "config", []), scoped=True)
+    report = serving_forward(served)  # the curve of the forward the engine serves
+    log(f"invariant forward: {report.invariant} ({report.reason})")
     log("measuring / loading the device cost curve ...")
     curve = load_or_measure(loaded.model, loaded.model_id, served.cache_dir, remeasure=args.retune)
     log(

@@ -150,6 +150,21 @@ def aligned_chunk(past: int, budget: int, prompt_end: int) -> int:
 
 
 @contextlib.contextmanager
+def untiled(model: torch.nn.Module):
+    """Every product of `model` in one piece meanwhile (its plan's tile unbounded): the plain
+    forward Hugging Face `generate()` runs, for a baseline; no effect on an untiled model."""
+    plan = getattr(model, "row_plan", None)
+    if plan is None:
+        yield
+        return
+    tile, plan.tile = plan.tile, 1 << 62
+    try:
+        yield
+    finally:
+        plan.tile = tile
+
+
+@contextlib.contextmanager
 def aligned_prompt(model: torch.nn.Module, rows: int, aligned: int, start: int):
     """During a forward of `rows` rows from position `start` whose first `aligned` are aligned
     prompt rows (see `aligned_rows`), those run in aligned tiles (`prompt_cuts`); no effect on

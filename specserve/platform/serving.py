@@ -20,8 +20,10 @@ from specserve.adapters.resident import ResidentAdapters, base_model_names
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec
 from specserve.adapters.variants import PoolBook
+from specserve.engine.forward import invariance
 from specserve.engine.forward.compiled import forward_key
 from specserve.engine.forward.head import install_head
+from specserve.engine.forward.invariance import InvarianceReport
 from specserve.engine.tuning.cost import CostCurve
 from specserve.engine.tuning.drafts import cached_choices
 from specserve.engine.tuning.dtype_choice import Workload
@@ -136,6 +138,13 @@ def resident_adapters(
     return adapters
 
 
+def serving_forward(served: ServedModel) -> InvarianceReport:
+    """Switch the model to the forward an `Engine` serves it with (the position-invariant one
+    where this machine's kernels allow, `invariance.apply`; idempotent), so the cost curve and
+    tunings are measured and looked up for that forward, not the plain one."""
+    return invariance.apply(served.loaded.model)
+
+
 def cached_tuning(served: ServedModel, strategies: Iterable[str]) -> Tuning:
     """The cached cost curve and tuned configs of the model's forward as it runs now (compiled
     or not); nothing is measured (a server starts fast and uses defaults until tuned)."""
@@ -158,6 +167,7 @@ def build_service(settings: PlatformSettings, model_id: str) -> ModelService:
     loaded = served.loaded
     why = f" (auto: {loaded.dtype_choice.reason})" if loaded.dtype_choice is not None else ""
     logger.info("model %s in %s%s", model_id, loaded.dtype, why)
+    serving_forward(served)
     tuning = cached_tuning(served, SERVED_STRATEGIES)
     policy = PolicySettings.from_yaml(settings.resolved_policy_file())
     return ModelService(

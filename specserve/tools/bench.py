@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from specserve.engine import row_tiles
 from specserve.engine.decode.engine import Engine
 from specserve.engine.lora.batch import is_peft_model, lora_rows
 from specserve.engine.ngram_pool import NGramPool
@@ -111,12 +112,12 @@ class ForwardCounter:
 def run_hf(
     model, ids: list[int], max_new_tokens: int, eos_ids, pld: bool, adapter: str | None = None
 ) -> tuple[list[int], int]:
-    """Greedy `generate()` (with LoRA `adapter` applied by `lora_rows`); with `pld`, prompt lookup of 10 tokens.
-    Returns (output ids, forwards)."""
+    """(output ids, forwards) of greedy `generate()` as users run it (no row tiles), LoRA `adapter`
+    applied by `lora_rows`; with `pld`, prompt lookup of 10 tokens."""
     counter = ForwardCounter(model.get_base_model() if is_peft_model(model) else model)
     extra = {"prompt_lookup_num_tokens": 10} if pld else {}
     try:
-        with torch.inference_mode(), lora_rows(model, [adapter]):
+        with torch.inference_mode(), lora_rows(model, [adapter]), row_tiles.untiled(model):
             input_ids = torch.tensor([ids], device=model.device)
             out = model.generate(
                 input_ids,
@@ -179,9 +180,8 @@ def run_bench(
     fp32=None,
     pools: dict[str, NGramPool] | None = None,
 ) -> dict[str, MethodTotals]:
-    """Decode every prompt with every method (after one warm-up each), base + `adapter` if given;
-    `fp32`: the float32 copy for `hf_ar_fp32`. `pools`: a method's n-gram pool kept across the
-    prompts, as a served variant's outlives its requests (`warm_pools`); else one per prompt."""
+    """Every prompt by every method (one warm-up each), base + `adapter`; `fp32`: the float32 copy
+    for `hf_ar_fp32`; `pools`: n-gram pools kept across prompts (`warm_pools`), else fresh ones."""
     for name, config in methods.items():
         run_method(engine, name, config, prompts[0].ids, 4, adapter, fp32)
     pools = pools or {}

@@ -78,3 +78,20 @@ def test_shapes_invariant_at_any_rows_stay_untiled(tiny_llama):
     finally:
         row_tiles.linear = original
     assert set(calls) == {(down.out_features, down.in_features)}  # [out, in] weights
+
+
+def test_untiled_runs_every_product_whole_meanwhile(tiny_llama):
+    model = copy.deepcopy(tiny_llama(1))
+    plan = row_tiles.tile_linears(model, 2)
+    calls = []
+    original = row_tiles.linear
+    row_tiles.linear = lambda *a, **k: calls.append(a[0].shape[-2]) or original(*a, **k)
+    try:
+        with torch.no_grad(), row_tiles.untiled(model):
+            model(input_ids=torch.tensor([[1, 2, 3, 4, 5]]))
+            assert not _tiled(model.model.layers[0].self_attn.q_proj)
+        assert plan.tile == 2 and calls == [5]  # the head, in one product of 5 rows
+        with row_tiles.untiled(torch.nn.Linear(2, 2)):  # an untiled model: nothing to do
+            pass
+    finally:
+        row_tiles.linear = original

@@ -13,6 +13,8 @@ import torch
 from specserve.adapters.memory import reference_adapter_bytes
 from specserve.adapters.settings import AdapterLimits
 from specserve.adapters.validate import BaseModelSpec
+from specserve.engine.decode.engine import Engine
+from specserve.engine.forward.compiled import forward_key
 from specserve.engine.lora.batch import takes_adapters
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.tuning.cost import CostCurve, cost_curve_path
@@ -27,6 +29,7 @@ from specserve.platform.serving import (
     cached_tuning,
     load_target,
     resident_adapters,
+    serving_forward,
 )
 from specserve.platform.settings import PlatformSettings
 
@@ -121,8 +124,26 @@ def test_cached_tuning_reads_what_tune_left_for_this_forward(settings):
     assert tuning.pad_width(2) == 4  # 4 tokens cost less than 2 on this curve
 
 
+def test_tuning_is_keyed_by_the_forward_the_engine_serves(settings):
+    """The curve and tunings are looked up (and measured by `tune`) for the forward an Engine
+    serves, which `serving_forward` switches to before any lookup; the Engine keeps it."""
+    served = load_target(TargetSettings.for_platform(settings, "tiny"))
+    report = serving_forward(served)
+    key = forward_key(served.loaded.model)
+    assert key == "torch.float32" + ("+invariant" if report.invariant else "")
+    assert serving_forward(served) == report  # idempotent
+    engine = Engine.from_loaded(served.loaded)
+    assert engine.invariance == report and forward_key(engine.model) == key
+
+
+def _served_key(settings) -> str:
+    served = load_target(TargetSettings.for_platform(settings, "tiny"))
+    serving_forward(served)
+    return forward_key(served.loaded.model)
+
+
 def test_build_service_serves_with_the_cached_configs(settings):
-    _write_tuning(settings.cache_dir, "tiny", "torch.float32", {"window": 2, "ngram": 2})
+    _write_tuning(settings.cache_dir, "tiny", _served_key(settings), {"window": 2, "ngram": 2})
     service = build_service(settings, "tiny")
     try:
         assert service.scheduler.running
