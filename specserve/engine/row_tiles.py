@@ -20,24 +20,33 @@ BLOCK_TILE = 256  # ...or per block, where the prompt fills [256 k, 256 k + 256)
 # 2.8 us a row against 5.2 at 64 (bf16 AMX Xeon, SmolLM2's linears)
 
 
+WHOLE = 1 << 62  # a tile no product reaches: one product whatever its rows
+
+
 @dataclass
 class TilePlan:
-    """The row tiles of a model's linears, shared by all of them: `tile` rows a product, and
-    during an `aligned_prompt` forward of `rows` rows from position `start` its first `aligned`
-    rows in aligned tiles (`prompt_cuts`; 0: none)."""
+    """The row tiles of a model's linears, shared by all of them: `tile` rows a product, a
+    product of fewer than `pad` rows padded with zero rows to `pad`, and during an
+    `aligned_prompt` forward of `rows` rows from position `start` its first `aligned` rows in
+    aligned tiles (`prompt_cuts`; 0: none)."""
 
     tile: int
     rows: int = 0
     aligned: int = 0
     start: int = 0
+    pad: int = 1
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, plan: TilePlan | None = None):
     """`F.linear` in the plan's row tiles (None: one product). Example: x [2, 40, in], tile 32 ->
     products of 32, 32 and 16 rows, concatenated: [2, 40, out]; x [1, 150, in] in a forward
-    from position 0 whose first 128 rows are aligned -> 64, 64, then 22 rows."""
+    from position 0 whose first 128 rows are aligned -> 64, 64, then 22 rows; x [1, 1, in],
+    pad 2 -> the product of x and a zero row, its first row kept."""
     rows = x.reshape(-1, x.shape[-1])  # [M, in]
     m = rows.shape[0]
+    if plan is not None and m < plan.pad:
+        padded = torch.cat([rows, rows.new_zeros(plan.pad - m, rows.shape[1])])  # [pad, in]
+        return F.linear(padded, weight, bias)[:m].reshape(*x.shape[:-1], weight.shape[0])
     if plan is None or (m <= plan.tile and not (plan.aligned and m == plan.rows)):
         return F.linear(x, weight, bias)
     aligned = plan.aligned if m == plan.rows else 0
@@ -52,14 +61,16 @@ def tile_linears(
     tile: int,
     untiled: frozenset[tuple[int, int]] = frozenset(),
     dtype: torch.dtype | None = None,
+    pad: int = 1,
 ) -> TilePlan:
     """Every `nn.Linear` of `model` computes in row tiles of `tile` (its hooks, e.g. the LoRA
     rows', still see the whole input; they read `row_plan` to tile their own products), except
     those of an (in, out) shape in `untiled` with weights in `dtype` (the probe found them
-    invariant at any rows), left as they are. Inside the decoder stack the tiled forward is
-    switched on only for forwards of more than `tile` rows (or aligned prompt rows): a Python
-    wrapper per linear costs ~2 % of a short forward."""
-    plan = TilePlan(tile)
+    invariant at any rows), left as they are; with `pad`, products of fewer rows are padded to
+    it. Inside the decoder stack the tiled forward is switched on only for forwards of more
+    than `tile` rows, fewer than `pad` or aligned prompt rows: a Python wrapper per linear
+    costs ~2 % of a short forward."""
+    plan = TilePlan(tile, pad=pad)
     stack = _decoder_stack(model)
     in_stack = {id(m) for m in stack.modules()} if stack is not None else set()
     inner = []
@@ -89,14 +100,15 @@ def _decoder_stack(model: torch.nn.Module) -> torch.nn.Module | None:
 
 def _switch_tiles(plan: TilePlan, linears: tuple, stack, args, kwargs) -> None:
     """Before a forward of the decoder stack: the tiled forward on its linears when some product
-    may exceed a tile (more rows than `plan.tile`, aligned prompt rows, or rows unknown), the
-    linears' own forward otherwise (every product then has at most `plan.tile` rows)."""
+    may exceed a tile (more rows than `plan.tile`, aligned prompt rows, or rows unknown) or be
+    padded (fewer than `plan.pad`), the linears' own forward otherwise."""
     states = kwargs.get("input_ids")
     if states is None:
         states = kwargs.get("inputs_embeds")
         states = states[..., 0] if states is not None else (args[0] if args else None)
     rows = states.numel() if isinstance(states, torch.Tensor) else None
-    _set_tiled(linears, rows is None or rows > plan.tile or bool(plan.aligned))
+    whole = rows is not None and plan.pad <= rows <= plan.tile
+    _set_tiled(linears, not whole or bool(plan.aligned))
 
 
 def _set_tiled(linears: tuple | list, tiled: bool) -> None:
@@ -181,4 +193,5 @@ def aligned_prompt(model: torch.nn.Module, rows: int, aligned: int, start: int):
 
 
 def _tiled_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return linear(x, module.weight, module.bias, module.row_plan)
+    # in the weight's dtype, as a float32 LM head over a bf16 model takes its input
+    return linear(x.to(module.weight.dtype), module.weight, module.bias, module.row_plan)

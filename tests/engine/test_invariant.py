@@ -11,6 +11,7 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 from schedules import ADAPTERS, alone, prompt, requests, run, with_adapters
 
 from specserve.engine import hf_internals, row_tiles
@@ -160,21 +161,53 @@ def test_the_probe_reports_float32_and_bfloat16_here(tiny_llama):
     assert fp32.dtype == "torch.float32" and fp32.reason
 
 
-def test_row_tile_tiles_only_the_shapes_that_vary(monkeypatch):
-    """A Zen 4's bf16 kernels: 1536 -> 576 changes path above 5 rows, the rest never."""
-    first_varies = {(1536, 576): 6, (576, 1536): None, (576, 576): None}
+def test_row_tile_pads_or_tiles_only_the_shapes_that_vary(monkeypatch):
+    """Shape -> (first varying rows unpadded, padded to 2); None: never."""
+    first = {(1536, 576): (2, None), (576, 1536): (None, None), (576, 576): (None, None)}
 
-    def fake(in_f, out_f, dtype, rows):
-        m = first_varies[(in_f, out_f)]
+    def fake(in_f, out_f, dtype, rows, pad=1):
+        m = first[(in_f, out_f)][pad - 1]
         return m if m is not None and m <= max(rows) else None
 
     monkeypatch.setattr(invariance, "first_variant_rows", fake)
-    shapes = tuple(sorted(first_varies))
-    assert invariance.row_tile(shapes, torch.bfloat16) == (4, ((576, 576), (576, 1536)))
-    first_varies[(1536, 576)] = None
-    assert invariance.row_tile(shapes, torch.bfloat16) == (None, ())
-    first_varies[(1536, 576)] = 2
-    assert invariance.row_tile(shapes, torch.bfloat16) == (0, ())
+    shapes = tuple(sorted(first))
+    tiles = invariance.row_tile(shapes, torch.bfloat16)  # a Zen 4: pad 1-row products to 2
+    assert tiles == invariance.RowTiles(pad=2, untiled=((576, 576), (576, 1536)))
+    assert "padded to 2 (1 of 3 shapes" in invariance._how(tiles, 3)
+    first[(1536, 576)] = (6, 6)  # varies above 5 rows either way: tiles of 4, unpadded
+    assert invariance.row_tile(shapes, torch.bfloat16).tile == 4
+    assert invariance.row_tile(shapes, torch.bfloat16).pad == 1
+    first[(1536, 576)] = (2, 9)  # padded, invariant up to 8 rows
+    assert invariance.row_tile(shapes, torch.bfloat16) == invariance.RowTiles(
+        pad=2, tile=8, untiled=((576, 576), (576, 1536))
+    )
+    first[(1536, 576)] = (None, None)
+    assert invariance.row_tile(shapes, torch.bfloat16) == invariance.RowTiles()
+    first[(1536, 576)] = (2, 2)
+    assert invariance.row_tile(shapes, torch.bfloat16).tile == 0
+
+
+def _slow_first_variant(in_f, out_f, dtype, rows, pad):
+    """The reference: each row's product padded to `pad` rows, every M >= pad, both scales."""
+    for scale in invariance.SCALES:
+        gen = torch.Generator().manual_seed(0)
+        w = torch.randn(out_f, in_f, generator=gen).to(dtype)
+        x = (torch.randn(max(rows), in_f, generator=gen) * scale).to(dtype)
+        for m in rows:
+            for i in range(m if m >= pad else 0):
+                alone = torch.cat([x[i : i + 1], torch.zeros(pad - 1, in_f, dtype=dtype)])
+                if not torch.equal(F.linear(x[:m], w)[i], F.linear(alone, w)[0]):
+                    return m
+    return None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("pad", [1, 2])
+def test_first_variant_rows_equals_the_slow_reference(dtype, pad):
+    rows = (1, 2, 3, 5, 9, 17)
+    for in_f, out_f in ((24, 8), (64, 16)):
+        want = _slow_first_variant(in_f, out_f, dtype, rows, pad)
+        assert invariance.first_variant_rows(in_f, out_f, dtype, rows, pad) == want
 
 
 @pytest.fixture(scope="module")

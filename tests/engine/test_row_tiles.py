@@ -95,3 +95,26 @@ def test_untiled_runs_every_product_whole_meanwhile(tiny_llama):
             pass
     finally:
         row_tiles.linear = original
+
+
+def test_products_below_the_pad_run_padded_with_zero_rows(tiny_llama):
+    """Worked example: 1 row, pad 2 -> one 2-row product, its first row kept; a 1-row forward of
+    a padded model runs every tiled linear on 2 rows."""
+    plan = row_tiles.TilePlan(row_tiles.WHOLE, pad=2)
+    x, w = torch.randn(1, 1, 8, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64)
+    assert torch.allclose(row_tiles.linear(x, w, plan=plan), x @ w.T)
+    assert row_tiles.linear(x, w, plan=plan).shape == (1, 1, 4)
+    model = copy.deepcopy(tiny_llama(1))
+    reference = copy.deepcopy(model)
+    row_tiles.tile_linears(model, row_tiles.WHOLE, pad=2)
+    seen = []
+    original = torch.nn.functional.linear
+    torch.nn.functional.linear = lambda a, *r, **k: seen.append(a.shape[0]) or original(a, *r, **k)
+    try:
+        with torch.no_grad():
+            got = model(input_ids=torch.tensor([[7]])).logits
+    finally:
+        torch.nn.functional.linear = original
+    assert seen and set(seen) == {2}
+    with torch.no_grad():
+        assert torch.allclose(got, reference(input_ids=torch.tensor([[7]])).logits, atol=1e-6)

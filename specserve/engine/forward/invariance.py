@@ -20,6 +20,16 @@ PROBED_ROWS = (*range(1, 18), 24, 31, 32, 33, 48, 63, 64, 65, 96, 128, 192, 256,
 TILES = (32, 16, 8, 4)
 
 
+class RowTiles(BaseModel):
+    """How a model's linears run row-invariant: products of fewer than `pad` rows padded with
+    zero rows to `pad`, longer ones in tiles of at most `tile` rows (None: one product; 0: no
+    tiling helps), except the shapes in `untiled` (invariant at any rows), left alone."""
+
+    pad: int = 1
+    tile: int | None = None
+    untiled: tuple[tuple[int, int], ...] = ()
+
+
 class InvarianceReport(BaseModel):
     """What the probe found for one model's shapes on this device, dtype and torch."""
 
@@ -29,9 +39,7 @@ class InvarianceReport(BaseModel):
     device: str
     torch: str
     threads: int
-    row_tile: int | None = None  # rows per linear product (None: any number is invariant)
-    # (in, out) shapes invariant at any number of rows: their linears run in one product
-    untiled: list[tuple[int, int]] = []
+    tiles: RowTiles | None = None  # how the linears run row-invariant (None: not invariant)
 
 
 def probe(model) -> InvarianceReport:
@@ -69,9 +77,9 @@ def _probe(linears, attention, windowed, dtype, device, threads, version):
     if windowed:
         reason = "sliding-window layers: the invariant attention covers full attention only"
         return InvarianceReport(invariant=False, reason=reason, **where)
-    tile, untiled = row_tile(linears, dt)
-    if tile == 0:
-        worst = next(s for s in linears if first_variant_rows(*s, dt, _upto(TILES[-1])))
+    tiles = row_tile(linears, dt)
+    if tiles.tile == 0:
+        worst = next(s for s in linears if first_variant_rows(*s, dt, _upto(TILES[-1]), 2))
         reason = f"{dtype} F.linear {worst[0]}->{worst[1]} is not row-invariant here, even in tiles"
         return InvarianceReport(invariant=False, reason=reason, **where)
     try:
@@ -82,55 +90,71 @@ def _probe(linears, attention, windowed, dtype, device, threads, version):
     if not attention_invariant(*attention, dt):
         reason = f"{dtype} position-invariant attention differs between layouts here"
         return InvarianceReport(invariant=False, reason=reason, **where)
-    rows = f"to {PROBED_ROWS[-1]} rows"
-    if tile:
-        tiled = len(linears) - len(untiled)
-        rows = f"in row tiles of {tile} ({tiled} of {len(linears)} shapes; the rest {rows})"
-    reason = f"{dtype} linears row-invariant {rows}; attention invariant to layout"
-    return InvarianceReport(
-        invariant=True, reason=reason, row_tile=tile, untiled=list(untiled), **where
+    reason = (
+        f"{dtype} linears row-invariant {_how(tiles, len(linears))}; attention invariant to layout"
     )
+    return InvarianceReport(invariant=True, reason=reason, tiles=tiles, **where)
 
 
-def row_tile(linears, dtype) -> tuple[int | None, tuple[tuple[int, int], ...]]:
-    """(tile, untiled shapes): tile None when every shape is row-invariant at all PROBED_ROWS;
-    else the largest of TILES up to which every other shape is (0: none is), and those others
-    run in its tiles while the shapes invariant at any rows (`untiled`) run in one product.
+def _how(tiles: RowTiles, shapes: int) -> str:
+    """Example: "with 1-row products padded to 2 (1 of 5 shapes; the rest as they are)"."""
+    if tiles.pad == 1 and tiles.tile is None:
+        return f"to {PROBED_ROWS[-1]} rows"
+    how = [f"with 1-row products padded to {tiles.pad}"] if tiles.pad > 1 else []
+    how += [f"in row tiles of {tiles.tile}"] if tiles.tile else []
+    done = shapes - len(tiles.untiled)
+    return " and ".join(how) + f" ({done} of {shapes} shapes; the rest as they are)"
 
-    Example: 576 -> 576 invariant everywhere, 1536 -> 576 only up to 5 rows -> (4, ((576, 576),)).
+
+def row_tile(linears, dtype) -> RowTiles:
+    """The cheapest `RowTiles` under which every shape is row-invariant at PROBED_ROWS: no tiles;
+    else 1-row products padded to 2 (a Zen 4's bf16 1-row product takes its own path, while
+    every product of 2+ rows equals the padded 2-row one); else the largest of TILES, unpadded
+    then padded. The shapes invariant unpadded at any rows stay untiled.
+
+    Example: 576 -> 576 invariant everywhere, 1536 -> 576 invariant once padded to 2 ->
+    RowTiles(pad=2, untiled=((576, 576),)).
     """
     untiled = tuple(s for s in linears if first_variant_rows(*s, dtype, PROBED_ROWS) is None)
     if len(untiled) == len(linears):
-        return None, ()
+        return RowTiles()
     rest = [s for s in linears if s not in untiled]
-    for tile in TILES:
-        if all(first_variant_rows(*s, dtype, _upto(tile)) is None for s in rest):
-            return tile, untiled
-    return 0, ()
+    if all(first_variant_rows(*s, dtype, PROBED_ROWS, pad=2) is None for s in rest):
+        return RowTiles(pad=2, untiled=untiled)
+    for pad in (1, 2):
+        for tile in TILES:
+            if all(first_variant_rows(*s, dtype, _upto(tile), pad) is None for s in rest):
+                return RowTiles(pad=pad, tile=tile, untiled=untiled)
+    return RowTiles(tile=0)
 
 
 def _upto(tile: int) -> tuple[int, ...]:
     return tuple(m for m in PROBED_ROWS if m <= tile)
 
 
-def first_variant_rows(in_f: int, out_f: int, dtype, rows) -> int | None:
-    """The first M in `rows` for which some row of the M-row product differs from that row's
-    1-row product (every row checked), or None. Random data of this shape and dtype; the 1-row
-    products are computed once (cached per shape)."""
-    top = max(rows)
-    x, w, single = _singles(in_f, out_f, dtype, top)
-    for m in rows:
-        if not torch.equal(F.linear(x[:m], w), single[:m]):
-            return m
+def first_variant_rows(in_f: int, out_f: int, dtype, rows, pad: int = 1) -> int | None:
+    """The first M in `rows` (those >= `pad`) for which some row of the M-row product differs
+    from that row's product padded with zero rows to `pad` rows (every row checked), or None.
+    Random data of this shape and dtype, inputs at two scales (x1 and x100: a kernel's path
+    can depend on the values); the single products are computed once (cached per shape)."""
+    for scale in SCALES:
+        x, w, single = _singles(in_f, out_f, dtype, max(rows), pad, scale)
+        for m in rows:
+            if m >= pad and not torch.equal(F.linear(x[:m], w), single[:m]):
+                return m
     return None
 
 
-@functools.lru_cache(maxsize=32)
-def _singles(in_f: int, out_f: int, dtype, top: int):
+SCALES = (1.0, 100.0)
+
+
+@functools.lru_cache(maxsize=64)
+def _singles(in_f: int, out_f: int, dtype, top: int, pad: int, scale: float):
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(out_f, in_f, generator=gen).to(dtype)
-    x = torch.randn(top, in_f, generator=gen).to(dtype)
-    return x, w, torch.cat([F.linear(x[i : i + 1], w) for i in range(top)])
+    x = (torch.randn(top, in_f, generator=gen) * scale).to(dtype)
+    zeros = torch.zeros(pad - 1, in_f, dtype=dtype)
+    return x, w, torch.cat([F.linear(torch.cat([x[i : i + 1], zeros]), w)[:1] for i in range(top)])
 
 
 def attention_invariant(heads: int, kv_heads: int, head_dim: int, dtype) -> bool:
@@ -204,8 +228,11 @@ def apply(model, enabled: bool = True) -> InvarianceReport:
     if report.invariant and not enabled:
         report = report.model_copy(update={"invariant": False, "reason": "turned off"})
     if report.invariant:
-        if report.row_tile is not None and getattr(model, "row_plan", None) is None:
-            untiled = frozenset(map(tuple, report.untiled))
-            row_tiles.tile_linears(model, report.row_tile, untiled, model.dtype)
+        tiles = report.tiles
+        needed = tiles.pad > 1 or tiles.tile is not None
+        if needed and getattr(model, "row_plan", None) is None:
+            tile = tiles.tile or row_tiles.WHOLE
+            untiled = frozenset(tiles.untiled)
+            row_tiles.tile_linears(model, tile, untiled, model.dtype, pad=tiles.pad)
         hf_internals.enable_invariant(model)
     return report
