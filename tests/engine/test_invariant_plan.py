@@ -82,3 +82,15 @@ def test_in_place_columns_equal_the_gathered_ones(past, q):
     for row, n in enumerate(counts):
         assert gathered[row, :n].tolist() == layout.tail_columns[row, :n].tolist()
         assert not gathered[row, n:].any()
+
+
+def test_padded_head_rows_worked_examples():
+    """No flash query block of 1-3 rows: G 3, q 1 -> 4; q 11 -> 36 (33: row 32 alone); q 12 ->
+    36 as it is; G 1, q 34 -> 36; G 1, q 32 -> 32."""
+    assert invariant_plan.padded_head_rows(3, 1) == 4
+    assert invariant_plan.padded_head_rows(3, 11) == 36
+    assert invariant_plan.padded_head_rows(3, 12) == 36
+    assert invariant_plan.padded_head_rows(1, 34) == 36
+    assert invariant_plan.padded_head_rows(1, 32) == 32
+    rows = np.arange(6).reshape(1, 3, 2)  # [b, G q, width]
+    assert invariant_plan.pad_rows(rows, 5).tolist() == [[[0, 1], [2, 3], [4, 5], [0, 1], [0, 1]]]

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel
 
 from specserve.engine import hf_internals, kernels, row_tiles
+from specserve.engine.hf_internals import invariant_plan
 
 # the row counts a forward may have: 1..16 and the batched / prefill widths up to a 512 chunk
 PROBED_ROWS = (*range(1, 18), 24, 31, 32, 33, 48, 63, 64, 65, 96, 128, 192, 256, 320, 384, 512)
@@ -189,7 +190,37 @@ def _same_in_three_layouts(heads: int, kv_heads: int, head_dim: int, dtype) -> b
         queries, wide_k, wide_v, [[True] * 300 + [False] * 11, [True] * 311], [299, 310]
     )
     same = torch.equal(alone[0], tree[0]) and torch.equal(alone[0], batch[0])
-    return same and masked_tail_invariant(kv_heads, heads // kv_heads, head_dim, dtype)
+    group = heads // kv_heads
+    return (
+        same
+        and masked_tail_invariant(kv_heads, group, head_dim, dtype)
+        and query_rows_invariant(kv_heads, group, head_dim, dtype)
+    )
+
+
+def query_rows_invariant(kv_heads: int, group: int, head_dim: int, dtype) -> bool:
+    """Whether the flash kernel gives a query row the same output and log-sum-exp in calls of
+    every padded row count the layouts make (`invariant_plan.padded_head_rows` for 1..12 queries and
+    33), at short and long widths, queries at two scales (a Zen 4's blocks of 1-3 rows differed
+    from larger ones only on some values)."""
+    gen = torch.Generator().manual_seed(2)
+    for width, scale in ((300, 1.0), (800, 1.0), (800, 10.0)):
+        keys = torch.randn(1, kv_heads, width, head_dim, generator=gen).to(dtype)
+        values = torch.randn(1, kv_heads, width, head_dim, generator=gen).to(dtype)
+        query = (torch.randn(1, kv_heads, group * 33 + 4, head_dim, generator=gen) * scale).to(
+            dtype
+        )
+        first = None
+        for q in (*range(1, 13), 33):
+            rows = invariant_plan.padded_head_rows(group, q)
+            mask = torch.zeros(1, 1, rows, width, dtype=dtype)
+            mask[..., width - 32 :] = float("-inf")
+            out, lse = hf_internals.flash_attention(query[:, :, :rows], keys, values, mask)
+            got = (out[:, :, :group], lse[:, :, :group])
+            first = got if first is None else first
+            if not (torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])):
+                return False
+    return True
 
 
 def masked_tail_invariant(kv_heads: int, group: int, head_dim: int, dtype) -> bool:

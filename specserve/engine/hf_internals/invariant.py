@@ -37,8 +37,9 @@ def invariant_attention(module, query, key, value, layout: InvariantLayout, scal
     b, heads, q, d = query.shape
     kv_heads = key.shape[1]
     folded = query.reshape(b, kv_heads, layout.heads_per_kv * q, d)  # [b, KVH, G q, d]
-    if layout.head_rows > layout.heads_per_kv * q:
-        folded = torch.cat([folded, folded[:, :, :1]], dim=2)
+    extra = layout.head_rows - layout.heads_per_kv * q  # padding rows: copies of row 0
+    if extra:
+        folded = torch.cat([folded, folded[:, :, :1].expand(b, kv_heads, extra, d)], dim=2)
     flash_out, flash_lse = _flash_part(folded, key, value, layout, scaling)  # [b, KVH, rows(, d)]
     out = query.new_empty(b, q, heads, d)
     scale = scaling if scaling is not None else d**-0.5
@@ -48,7 +49,7 @@ def invariant_attention(module, query, key, value, layout: InvariantLayout, scal
 
 def tail_attention(query, key, value, flash_out, flash_lse, out, layout, scale: float) -> None:
     """Write `out` [b, q, H, d]: per query row its tail keys (`layout.tail_columns`) merged with
-    its flash partial (flash_out [b, KVH, G q (+1), d], flash_lse [b, KVH, G q (+1)])."""
+    its flash partial (flash_out [b, KVH, head_rows, d], flash_lse [b, KVH, head_rows])."""
     if query.stride(-1) != 1:
         query = query.contiguous()
     geometry = (

@@ -72,12 +72,24 @@ def flash_calls(widths: list[int], head_rows: int) -> list[tuple[int, int, int]]
     return calls[::-1]
 
 
-def _head_rows(heads_per_kv: int, q: int) -> int:
-    """G * q, plus one padding row where the flash kernel's last query block (32 rows; 64 or
-    256 for long inputs, all multiples of 32) would hold a single row, which takes another path.
-    Example: G 3, q 11 -> 34 (33 would leave row 32 alone)."""
+# the fewest rows a flash query block may hold: smaller blocks take another path (a single row
+# on an AMX Xeon; 1-3 rows on a Zen 4, where every block of 4 or more rows agrees)
+MIN_BLOCK_ROWS = 4
+
+
+def padded_head_rows(heads_per_kv: int, q: int) -> int:
+    """G * q, plus padding rows (copies of the first) where the flash kernel's last query block
+    (32 rows; 64 or 256 for long inputs, all multiples of 32) would hold fewer than
+    MIN_BLOCK_ROWS. Examples: G 3, q 1 -> 4; G 3, q 11 -> 36 (33 would leave row 32 alone)."""
     rows = heads_per_kv * q
-    return rows + 1 if rows % 32 == 1 else rows
+    short = rows % 32
+    return rows + MIN_BLOCK_ROWS - short if 0 < short < MIN_BLOCK_ROWS else rows
+
+
+def pad_rows(rows: np.ndarray, head_rows: int) -> np.ndarray:
+    """[b, G q, ...] -> [b, head_rows, ...]: the padding rows are copies of row 0."""
+    extra = head_rows - rows.shape[1]
+    return np.concatenate([rows, np.repeat(rows[:, :1], extra, axis=1)], axis=1) if extra else rows
 
 
 def layout(
@@ -90,7 +102,7 @@ def layout(
     allowed, positions = allowed.cpu().numpy(), positions.cpu().numpy()
     b, q, columns = allowed.shape
     split = split_point(positions)  # [b, q]
-    head_rows = _head_rows(heads_per_kv, q)
+    head_rows = padded_head_rows(heads_per_kv, q)
     calls = flash_calls(split.max(axis=1).tolist(), head_rows)
     masks = [
         _flash_mask(allowed[a:e], split[a:e], w, heads_per_kv, head_rows, dtype, device)
@@ -126,10 +138,8 @@ def layout(
 
 
 def _head_major(rows: np.ndarray, group: int, head_rows: int, device) -> torch.Tensor:
-    """[b, q] per query row -> [b, 1, head_rows]: head-major (g q + i), the padding row last."""
-    tiled = np.tile(rows, (1, group))  # [b, G q]
-    if head_rows > tiled.shape[1]:
-        tiled = np.concatenate([tiled, tiled[:, :1]], axis=1)
+    """[b, q] per query row -> [b, 1, head_rows]: head-major (g q + i), the padding rows last."""
+    tiled = pad_rows(np.tile(rows, (1, group)), head_rows)  # [b, head_rows]
     return torch.from_numpy(tiled)[:, None, :].to(device)
 
 
@@ -157,9 +167,7 @@ def _flash_mask(allowed, split, width: int, group: int, head_rows: int, dtype, d
         )
     if keep.all():
         return None
-    rows = np.tile(keep, (1, group, 1))  # [b, G * q, width], head-major
-    if head_rows > rows.shape[1]:
-        rows = np.concatenate([rows, rows[:, :1]], axis=1)
+    rows = pad_rows(np.tile(keep, (1, group, 1)), head_rows)  # [b, head_rows, width]
     return _additive(rows, dtype, device)[:, None]
 
 
