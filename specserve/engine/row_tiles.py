@@ -64,9 +64,9 @@ def tile_linears(
     pad: int = 1,
 ) -> TilePlan:
     """Every `nn.Linear` of `model` computes in row tiles of `tile` (its hooks, e.g. the LoRA
-    rows', still see the whole input; they read `row_plan` to tile their own products), except
-    those of an (in, out) shape in `untiled` with weights in `dtype` (the probe found them
-    invariant at any rows), left as they are; with `pad`, products of fewer rows are padded to
+    rows', still see the whole input; they read `row_plan` to tile their own products, on every
+    linear), except those of an (in, out) shape in `untiled` with weights in `dtype` (the probe
+    found them invariant at any rows), whose own product is left as it is; with `pad`, products of fewer rows are padded to
     it. Inside the decoder stack the tiled forward is switched on only for forwards of more
     than `tile` rows, fewer than `pad` or aligned prompt rows: a Python wrapper per linear
     costs ~2 % of a short forward."""
@@ -75,10 +75,14 @@ def tile_linears(
     in_stack = {id(m) for m in stack.modules()} if stack is not None else set()
     inner = []
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and not (
-            (module.in_features, module.out_features) in untiled and module.weight.dtype == dtype
-        ):
-            module.row_plan = plan
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        module.row_plan = plan  # LoRA products (shapes never probed) follow it on every linear
+        probed = (
+            module.in_features,
+            module.out_features,
+        ) in untiled and module.weight.dtype == dtype
+        if not probed or getattr(module, "column", False):  # a column LM head was never probed
             if id(module) in in_stack:
                 inner.append(module)
             else:
