@@ -16,7 +16,7 @@ from specserve.engine.tuning.dtype_serving import ServingFigures, ServingMix, me
 
 # fp32 is the exact mode: another dtype must beat it by this factor (noise margin)
 MIN_GAIN = 1.05
-# under load, a dtype at least this fast as fp32 is "as fast" (the 16-row figure's run-to-run
+# under load, a dtype at this fraction of fp32's speed or more is "as fast" (the 16-row run-to-run
 # spread: 0.96-1.11x bf16/fp32 in three runs on a Zen 4), so its gain alone decides
 LOAD_TIE = 0.93
 FORMAT = 5  # 5: a tie under load goes to the faster alone; 4 under load only; 3 plain forwards
