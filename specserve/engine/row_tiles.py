@@ -63,12 +63,12 @@ def tile_linears(
     dtype: torch.dtype | None = None,
     pad: int = 1,
 ) -> TilePlan:
-    """Every `nn.Linear` of `model` computes in row tiles of `tile` (its hooks, e.g. the LoRA
-    rows', still see the whole input; they read `row_plan` to tile their own products, on every
-    linear), except those of an (in, out) shape in `untiled` with weights in `dtype` (the probe
-    found them invariant at any rows), whose own product is left as it is; with `pad`, products of fewer rows are padded to
-    it. Inside the decoder stack the tiled forward is switched on only for forwards of more
-    than `tile` rows, fewer than `pad` or aligned prompt rows: a Python wrapper per linear
+    """Every `nn.Linear` of `model` computes in row tiles of `tile`, products of fewer than
+    `pad` rows padded to it, except those of an (in, out) shape in `untiled` with weights in
+    `dtype` (the probe found them invariant at any rows), whose own product stays as it is.
+    Every linear carries the plan for its hooks (the LoRA rows' products, never probed, read
+    `row_plan`). Inside the decoder stack the tiled forward is switched on only for forwards of
+    more than `tile` rows, fewer than `pad` or aligned prompt rows: a Python wrapper per linear
     costs ~2 % of a short forward."""
     plan = TilePlan(tile, pad=pad)
     stack = _decoder_stack(model)
@@ -78,10 +78,8 @@ def tile_linears(
         if not isinstance(module, torch.nn.Linear):
             continue
         module.row_plan = plan  # LoRA products (shapes never probed) follow it on every linear
-        probed = (
-            module.in_features,
-            module.out_features,
-        ) in untiled and module.weight.dtype == dtype
+        shape = (module.in_features, module.out_features)
+        probed = shape in untiled and module.weight.dtype == dtype
         if not probed or getattr(module, "column", False):  # a column LM head was never probed
             if id(module) in in_stack:
                 inner.append(module)

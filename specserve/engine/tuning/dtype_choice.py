@@ -17,7 +17,7 @@ from specserve.engine.tuning.dtype_serving import ServingFigures, ServingMix, me
 # fp32 is the exact mode: another dtype must beat it by this factor (noise margin)
 MIN_GAIN = 1.05
 # under load, a dtype at this fraction of fp32's speed or more is "as fast" (the 16-row run-to-run
-# spread: 0.96-1.11x bf16/fp32 in three runs on a Zen 4), so its gain alone decides
+# spread: 0.96-1.11x bf16/fp32 in four runs on a Zen 4), so its gain alone decides
 LOAD_TIE = 0.93
 FORMAT = 5  # 5: a tie under load goes to the faster alone; 4 under load only; 3 plain forwards
 
