@@ -5,8 +5,10 @@ Prompts: `training_prompts(count, seed=1)` (synthesized from built-in topic list
 bundled docs, never benchmark data). Answers: a model's greedy answers (batched `generate()`, the
 serving dtype), generated once here so that every later training is teacher-forced prefill only.
 Resumable (progress in --work); deterministic for the same model, dtype and machine kind.
+`--extend`: the prompts already in --out keep their answers; only the new ones are generated.
 
     .venv/bin/python scripts/make_corpus.py --model smollm2-135m --dtype bfloat16
+    .venv/bin/python scripts/make_corpus.py --prompts 3200 --dtype float32 --extend
 """
 
 from __future__ import annotations
@@ -38,12 +40,16 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=40.0, help="stop (resumable) after this")
     ap.add_argument("--work", type=Path, default=default_cache_dir() / "corpus-work")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--extend", action="store_true", help="keep the answers already in --out")
     args = ap.parse_args()
+    known = existing_answers(args.out) if args.extend else {}
     loaded = load_model(args.model, dtype=args.dtype)
     tok = loaded.tokenizer
     args.work.mkdir(parents=True, exist_ok=True)
-    work = args.work / f"{args.model}-{args.dtype}-{args.prompts}-{args.max_new_tokens}.pt"
-    texts = training_prompts(args.prompts, seed=1)
+    kept = f"-extends-{len(known)}" if known else ""
+    work = args.work / f"{args.model}-{args.dtype}-{args.prompts}-{args.max_new_tokens}{kept}.pt"
+    every = training_prompts(args.prompts, seed=1)
+    texts = [t for t in every if t not in known]
     if work.exists():
         data = DistillData.load(work)
     else:
@@ -61,16 +67,39 @@ def main() -> int:
 
     deadline = started + args.minutes * 60
     generate_answers(loaded.model, data, loaded.eos_token_ids, args.batch, work, deadline, progress)
-    rows = [
-        {"prompt": texts[i], "answer": tok.decode(data.answers[i], skip_special_tokens=True)}
-        for i in sorted(data.done)
-    ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(args.out, "wt", encoding="utf-8") as f:
+    new = {texts[i]: tok.decode(data.answers[i], skip_special_tokens=True) for i in data.done}
+    rows = corpus_rows(every, known, new)
+    write_rows(args.out, rows)
+    print(f"wrote {len(rows)} of {len(every)} examples to {args.out} ({len(known)} kept)")
+    return 0 if len(rows) == len(every) else 3
+
+
+def corpus_rows(prompts: list[str], known: dict[str, str], new: dict[str, str]) -> list[dict]:
+    """One row per answered prompt, in `prompts`' order; a kept answer wins over a new one.
+
+    Example: (["a", "b", "c"], {"b": "B"}, {"a": "A"}) -> [{"prompt": "a", "answer": "A"},
+    {"prompt": "b", "answer": "B"}] ("c" is not answered yet).
+    """
+    answered = {**new, **known}
+    return [{"prompt": t, "answer": answered[t]} for t in prompts if t in answered]
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """The corpus file, replaced whole (written to a side file first)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".part")
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    print(f"wrote {len(rows)} of {len(texts)} examples to {args.out}")
-    return 0 if len(rows) == len(texts) else 3
+    tmp.replace(path)
+
+
+def existing_answers(path: Path) -> dict[str, str]:
+    """prompt -> answer of every row already in a corpus file (none if it does not exist)."""
+    if not path.exists():
+        return {}
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return {r["prompt"]: r["answer"] for r in map(json.loads, f)}
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ Python's bundled docs as answers to questions about their topic, and the variant
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -47,14 +46,6 @@ class Corpus:
     sequences: list[list[int]]
     prompt_lens: list[int]
     source: str
-
-    @property
-    def digest(self) -> str:
-        """Changes with any token or prompt boundary (keys the feature cache)."""
-        h = hashlib.sha256()
-        for seq, p in zip(self.sequences, self.prompt_lens):
-            h.update(json.dumps([p, seq]).encode())
-        return h.hexdigest()[:16]
 
     def split(self, heldout: int) -> tuple[Corpus, Corpus]:
         """(training, held-out): the last `heldout` sequences are held out."""

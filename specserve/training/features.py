@@ -1,8 +1,9 @@
 """Teacher data by prefill, cached on disk: per corpus sequence, the target's hidden features at
 the drafter's layers and its greedy next token at every position.
 
-One directory per (model weights, adapter, dtype, layers, corpus); each batch is saved as it is
-done, so an interrupted extraction resumes and a second training (any kind, any budget) reuses it.
+One directory per (model weights, adapter, dtype, layers), entries keyed by each sequence's tokens;
+each batch is saved as it is done, so an interrupted extraction resumes and a second training (any
+kind, any budget, a grown or reshuffled corpus) prefills only the sequences it has not seen.
 """
 
 from __future__ import annotations
@@ -31,12 +32,17 @@ def cache_key(
     adapter: str | None,
     dtype: torch.dtype,
     layers,
-    corpus: str,
     autocast: bool = False,
 ) -> str:
-    parts = [weights, adapter, str(dtype), list(layers), corpus]
+    """The cache directory's name: what every cached feature depends on besides its tokens."""
+    parts = [weights, adapter, str(dtype), list(layers)]
     raw = json.dumps(parts + (["bf16-autocast"] if autocast else []))
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def sequence_key(sequence: list[int]) -> str:
+    """A sequence's entry in the cache: a digest of its tokens (the same tokens, the same key)."""
+    return hashlib.sha256(json.dumps(sequence).encode()).hexdigest()[:24]
 
 
 def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
@@ -95,10 +101,9 @@ def teacher_data(
     prefill (shortest first; no batch starts past `deadline`, time.monotonic(); `autocast`: in
     bf16, see `prefill`)."""
     cache_dir.mkdir(parents=True, exist_ok=True)
-    got: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    for part in sorted(cache_dir.glob("part-*.pt")):
-        got.update(torch.load(part, weights_only=True))
-    todo = [i for i in range(len(sequences)) if i not in got]
+    keys = [sequence_key(s) for s in sequences]
+    got = _cached(cache_dir, set(keys))
+    todo = [i for i, k in enumerate(keys) if k not in got]
     if got:
         log(f"teacher data: {len(got)} of {len(sequences)} sequences from {cache_dir}")
     started, parts = time.monotonic(), len(list(cache_dir.glob("part-*.pt")))
@@ -106,7 +111,12 @@ def teacher_data(
         if deadline is not None and time.monotonic() > deadline:
             break
         idx = [todo[g] for g in group]
-        done = dict(zip(idx, prefill(model, [sequences[i] for i in idx], layers, autocast)))
+        done = dict(
+            zip(
+                [keys[i] for i in idx],
+                prefill(model, [sequences[i] for i in idx], layers, autocast),
+            )
+        )
         tmp = cache_dir / f"part-{parts:05d}.part"
         torch.save(done, tmp)
         tmp.replace(tmp.with_suffix(".pt"))
@@ -116,6 +126,15 @@ def teacher_data(
     if todo:
         log(f"teacher data: {len(got)} sequences ({time.monotonic() - started:.0f}s of prefill)")
     return Teacher(
-        [got[i][0] if i in got else None for i in range(len(sequences))],
-        [got[i][1] if i in got else None for i in range(len(sequences))],
+        [got[k][0] if k in got else None for k in keys],
+        [got[k][1] if k in got else None for k in keys],
     )
+
+
+def _cached(cache_dir: Path, wanted: set[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The saved (features, greedy) of the wanted sequences (others in the directory are skipped)."""
+    got: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for part in sorted(cache_dir.glob("part-*.pt")):
+        saved = torch.load(part, weights_only=True)
+        got.update((k, v) for k, v in saved.items() if k in wanted)
+    return got

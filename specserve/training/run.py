@@ -139,7 +139,6 @@ class _Training:
             self.run.adapter_sha256,
             self.model.dtype,
             distinct,
-            corpus.digest,
             autocast,
         )
         pbar = bar(len(corpus.sequences), "teacher")

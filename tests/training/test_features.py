@@ -1,5 +1,6 @@
 """Teacher data by prefill: batched rows equal single forwards (features and greedy tokens), the
-deadline stops shortest first, and a second call reads the disk cache instead of the model."""
+deadline stops shortest first, and a second call reads the disk cache instead of the model, for
+each sequence it has seen whatever the corpus around it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import time
 import torch
 
 from specserve.engine import hf_internals
-from specserve.training.features import cache_key, length_batches, prefill, teacher_data
+from specserve.training.features import (
+    cache_key,
+    length_batches,
+    prefill,
+    sequence_key,
+    teacher_data,
+)
 
 SEQS = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
 
@@ -61,14 +68,34 @@ def test_teacher_data_stops_at_the_deadline_and_resumes_from_disk(
         assert torch.equal(a, b)
 
 
+def test_a_grown_corpus_prefills_only_its_new_sequences(tiny_llama, tmp_path):
+    model = tiny_llama(0)
+    first = teacher_data(model, SEQS, (-1,), tmp_path, batch_tokens=64)
+    rows = []
+    model.register_forward_hook(
+        lambda _m, args, kw, out: rows.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    grown = [[11, 12, 13], SEQS[2], SEQS[0], [14, 15]]  # two new, two cached, another order
+    second = teacher_data(model, grown, (-1,), tmp_path, batch_tokens=64)
+    assert rows == [2]  # one batch: the two new sequences
+    assert torch.equal(second.features[1], first.features[2])
+    assert torch.equal(second.greedy[2], first.greedy[0])
+    alone = prefill(model, [[14, 15]], (-1,))[0]
+    assert torch.allclose(second.features[3], alone[0], atol=1e-5)
+
+
+def test_sequence_key_is_the_tokens():
+    assert sequence_key([1, 2, 3]) == sequence_key([1, 2, 3])
+    assert len({sequence_key([1, 2, 3]), sequence_key([1, 2]), sequence_key([3, 2, 1])}) == 3
+
+
 def test_cache_key_changes_with_what_the_data_depends_on():
-    base = cache_key("w", None, torch.bfloat16, (-1,), "c")
+    base = cache_key("w", None, torch.bfloat16, (-1,))
     others = [
-        cache_key("w2", None, torch.bfloat16, (-1,), "c"),
-        cache_key("w", "a" * 64, torch.bfloat16, (-1,), "c"),
-        cache_key("w", None, torch.float32, (-1,), "c"),
-        cache_key("w", None, torch.bfloat16, (3, -1), "c"),
-        cache_key("w", None, torch.bfloat16, (-1,), "c", autocast=True),
-        cache_key("w", None, torch.bfloat16, (-1,), "d"),
+        cache_key("w2", None, torch.bfloat16, (-1,)),
+        cache_key("w", "a" * 64, torch.bfloat16, (-1,)),
+        cache_key("w", None, torch.float32, (-1,)),
+        cache_key("w", None, torch.bfloat16, (3, -1)),
+        cache_key("w", None, torch.bfloat16, (-1,), autocast=True),
     ]
-    assert len({base, *others}) == 7
+    assert len({base, *others}) == 6

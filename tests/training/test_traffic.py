@@ -54,4 +54,4 @@ def test_traffic_corpus_encodes_as_served_in_order(tiny_hf_tokenizer):
     older, recent = traffic_split(tok, 2, served, DrafterTrainSettings(kind="medusa"))
     assert recent.sequences == corpus.sequences[-1:]  # the most recent held out
     assert older.sequences == corpus.sequences[:2]
-    assert traffic_corpus(tok, 2, served[:1]).digest != corpus.digest
+    assert traffic_corpus(tok, 2, served[:1]).sequences != corpus.sequences
