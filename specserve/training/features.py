@@ -111,12 +111,8 @@ def teacher_data(
         if deadline is not None and time.monotonic() > deadline:
             break
         idx = [todo[g] for g in group]
-        done = dict(
-            zip(
-                [keys[i] for i in idx],
-                prefill(model, [sequences[i] for i in idx], layers, autocast),
-            )
-        )
+        rows = prefill(model, [sequences[i] for i in idx], layers, autocast)
+        done = dict(zip([keys[i] for i in idx], rows))
         tmp = cache_dir / f"part-{parts:05d}.part"
         torch.save(done, tmp)
         tmp.replace(tmp.with_suffix(".pt"))
