@@ -3,24 +3,18 @@ on a worked example (prompt [1, 2, 3, 4, 1], output [2, 3, 4, 9])."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from script_module import load_script
 
 from specserve.engine.tree import DraftTree
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "draft_replay.py"
 CURVES = {"chain": {1: 1.0, 8: 1.25}, "tree": {8: 1.5}}
 ROWS = [{"task": "t", "prompt": [1, 2, 3, 4, 1], "output": [2, 3, 4, 9]}]
 
 
 @pytest.fixture(scope="module")
 def replay():
-    spec = importlib.util.spec_from_file_location("draft_replay", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("draft_replay")
 
 
 def test_accepted_example(replay):

@@ -3,20 +3,13 @@ file round-trips (no model needed)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_corpus.py"
+from script_module import load_script
 
 
 @pytest.fixture(scope="module")
 def make_corpus():
-    spec = importlib.util.spec_from_file_location("make_corpus", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_corpus")
 
 
 def test_rows_keep_old_answers_in_prompt_order(make_corpus):

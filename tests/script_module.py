@@ -1,0 +1,17 @@
+"""Import a file of scripts/ as a module, for tests of its pure functions."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def load_script(name: str) -> ModuleType:
+    """scripts/<name>.py, executed once per call (its `main` is not run)."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
