@@ -49,6 +49,7 @@ def main() -> int:
     kept = f"-extends-{len(known)}" if known else ""
     work = args.work / f"{args.model}-{args.dtype}-{args.prompts}-{args.max_new_tokens}{kept}.pt"
     every = training_prompts(args.prompts, seed=1)
+    corpus_rows(every, known, {})  # fails before any generation if --prompts would drop rows
     texts = [t for t in every if t not in known]
     if work.exists():
         data = DistillData.load(work)
@@ -75,11 +76,17 @@ def main() -> int:
 
 
 def corpus_rows(prompts: list[str], known: dict[str, str], new: dict[str, str]) -> list[dict]:
-    """One row per answered prompt, in `prompts`' order; a kept answer wins over a new one.
+    """One row per answered prompt, in `prompts`' order; a kept answer wins over a new one, and
+    a kept prompt missing from `prompts` (--prompts below the file's count) is an error, never a
+    dropped row.
 
     Example: (["a", "b", "c"], {"b": "B"}, {"a": "A"}) -> [{"prompt": "a", "answer": "A"},
     {"prompt": "b", "answer": "B"}] ("c" is not answered yet).
     """
+    asked = set(prompts)
+    lost = [t for t in known if t not in asked]
+    if lost:
+        raise ValueError(f"{len(lost)} prompts of the corpus file are not among --prompts")
     answered = {**new, **known}
     return [{"prompt": t, "answer": answered[t]} for t in prompts if t in answered]
 

@@ -17,6 +17,11 @@ def test_rows_keep_old_answers_in_prompt_order(make_corpus):
     assert rows == [{"prompt": "a", "answer": "A"}, {"prompt": "b", "answer": "B"}]
 
 
+def test_a_kept_prompt_is_never_dropped(make_corpus):
+    with pytest.raises(ValueError, match="1 prompts of the corpus file"):
+        make_corpus.corpus_rows(["a"], {"a": "A", "b": "B"}, {})
+
+
 def test_extend_round_trip(make_corpus, tmp_path):
     path = tmp_path / "corpus.jsonl.gz"
     assert make_corpus.existing_answers(path) == {}
